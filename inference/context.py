@@ -1,0 +1,116 @@
+"""ShapesContext: what the pass knows about every value of a graph."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+import onnx
+
+from inference import dims
+from inference.dims import DimLike
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Element type and shape of one value.
+
+    ``elem_type`` is a TensorProto code (0 when unknown). ``shape`` is a tuple of dims
+    (int, symbolic ``Dim`` or ``None`` for an unknown dim) or ``None`` for unknown rank.
+    ``value`` holds the constant content when the value is an initializer or a small
+    constant the pass could fold (used by rules that need data, e.g. scales, Reshape).
+    """
+
+    elem_type: int = 0
+    shape: tuple[DimLike, ...] | None = None
+    value: np.ndarray | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def rank(self) -> int | None:
+        return None if self.shape is None else len(self.shape)
+
+    @property
+    def is_fully_known(self) -> bool:
+        return self.elem_type != 0 and self.shape is not None and all(isinstance(d, int) for d in self.shape)
+
+    @property
+    def is_typed(self) -> bool:
+        """Element type and rank known (dims may be symbolic or unknown)."""
+        return self.elem_type != 0 and self.shape is not None
+
+    def numel(self) -> DimLike:
+        if self.shape is None:
+            return None
+        out: DimLike = 1
+        for d in self.shape:
+            out = dims.mul(out, d)
+        return out
+
+    def shape_text(self) -> str:
+        if self.shape is None:
+            return "?"
+        return "[" + ", ".join(dims.to_text(d) for d in self.shape) + "]"
+
+    @staticmethod
+    def from_type_proto(tp: onnx.TypeProto) -> "TensorInfo":
+        if not tp.HasField("tensor_type"):
+            return TensorInfo()
+        tt = tp.tensor_type
+        shape = None
+        if tt.HasField("shape"):
+            shape = tuple(dims.from_proto(d) for d in tt.shape.dim)
+        return TensorInfo(tt.elem_type, shape)
+
+    @staticmethod
+    def from_array(array: np.ndarray, elem_type: int) -> "TensorInfo":
+        return TensorInfo(elem_type, tuple(int(s) for s in array.shape), array)
+
+    def to_type_proto(self) -> onnx.TypeProto:
+        tp = onnx.TypeProto()
+        tt = tp.tensor_type
+        tt.elem_type = self.elem_type
+        if self.shape is not None:
+            tt.shape.SetInParent()
+            for d in self.shape:
+                dims.to_proto(d, tt.shape.dim.add())
+        return tp
+
+
+class ShapesContext:
+    """Value name -> TensorInfo, plus the opset imports the rules are selected by.
+
+    Rules read their inputs with ``ctx[name]`` (``KeyError`` never escapes: a missing name
+    reads as unknown) and write outputs with ``ctx.set(name, info)``. ``strict`` tells rules
+    whether a violation raises or is recorded as a diagnostic.
+    """
+
+    def __init__(self, opsets: dict[str, int], *, strict: bool = False) -> None:
+        self.opsets = dict(opsets)
+        self.strict = strict
+        self._values: dict[str, TensorInfo] = {}
+        self.diagnostics: list = []
+
+    def opset(self, domain: str) -> int | None:
+        if domain in ("", "ai.onnx"):
+            return self.opsets.get("", self.opsets.get("ai.onnx"))
+        return self.opsets.get(domain)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._values
+
+    def __getitem__(self, name: str) -> TensorInfo:
+        return self._values.get(name, TensorInfo())
+
+    def get(self, name: str) -> TensorInfo | None:
+        return self._values.get(name)
+
+    def set(self, name: str, info: TensorInfo) -> None:
+        if name:
+            self._values[name] = info
+
+    def items(self) -> Iterator[tuple[str, TensorInfo]]:
+        return iter(self._values.items())
+
+    def names(self) -> list[str]:
+        return list(self._values)

@@ -1,0 +1,1 @@
+"""Operator rules, one module per operator family; importing this package registers them."""

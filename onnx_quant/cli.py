@@ -1,0 +1,139 @@
+"""The ``onnx-quant`` command line.
+
+This module only parses arguments and turns errors into one line and an exit code;
+each subcommand lives beside the code it drives (``inference.commands``,
+``backend_wgpu.commands``) and is imported lazily so that ``infer``/``check`` never load wgpu.
+
+Exit codes: 0 success; 1 the model has problems (``check``) or a run/conformance failed;
+2 unusable input (missing file, not ONNX, bad arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Callable, Sequence
+
+from onnx_quant.errors import ModelLoadError, QuantError
+
+EXIT_OK, EXIT_PROBLEMS, EXIT_UNUSABLE = 0, 1, 2
+
+# subcommand -> (module, function, help); the function takes the parsed args, returns an exit code
+_COMMANDS: dict[str, tuple[str, str, str]] = {
+    "infer": ("inference.commands", "cmd_infer", "infer dtype and shape of every value"),
+    "check": ("inference.commands", "cmd_check", "validate a model against the opset it claims"),
+    "example": ("inference.commands", "cmd_example", "write the built-in example model"),
+    "devices": ("backend_wgpu.commands", "cmd_devices", "list GPU adapters, features and limits"),
+    "explain": ("backend_wgpu.commands", "cmd_explain", "show the kernel, variant and passes per node"),
+    "run": ("backend_wgpu.commands", "cmd_run", "run a model on the GPU"),
+    "bench": ("backend_wgpu.commands", "cmd_bench", "benchmark kernels against numpy and onnxruntime"),
+    "conformance": ("backend_wgpu.commands", "cmd_conformance", "run ONNX node test cases on the GPU"),
+    "demo": ("backend_wgpu.commands", "cmd_demo", "build, infer and run a small quantized model"),
+}
+
+# subcommand -> function adding its arguments; filled by _arguments below
+_ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {}
+
+
+def _arguments(name: str):
+    def deco(fn):
+        _ARGUMENTS[name] = fn
+        return fn
+    return deco
+
+
+@_arguments("infer")
+def _infer_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="path to an .onnx file, or 'example' for the built-in example")
+    p.add_argument("-o", "--output", help="write the model with inferred value_info here")
+    p.add_argument("--strict", action="store_true", help="stop at the first violation")
+
+
+@_arguments("check")
+def _check_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="path to an .onnx file, or 'example'")
+
+
+@_arguments("example")
+def _example_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-o", "--output", default="example.onnx", help="where to write the model")
+
+
+@_arguments("devices")
+def _devices_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true")
+
+
+@_arguments("explain")
+def _explain_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--adapter", help="adapter index or name substring (default: best)")
+
+
+@_arguments("run")
+def _run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model")
+    p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
+    p.add_argument("--random", action="store_true", help="feed random inputs")
+    p.add_argument("-o", "--output-dir", help="write outputs as .npy files here")
+    p.add_argument("--compare", choices=["onnxruntime", "reference"])
+    p.add_argument("--adapter")
+
+
+@_arguments("bench")
+def _bench_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sizes", default="12,16,20,24", help="comma-separated log2 element counts")
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--adapter")
+
+
+@_arguments("conformance")
+def _conformance_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--adapter")
+
+
+@_arguments("demo")
+def _demo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--adapter")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="onnx-quant", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (_, _, help_text) in _COMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        _ARGUMENTS.get(name, lambda _p: None)(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    debug = getattr(args, "debug", False)
+    module_name, func_name, _ = _COMMANDS[args.command]
+    try:
+        handler = getattr(importlib.import_module(module_name), func_name)
+        return int(handler(args) or 0)
+    except ModelLoadError as e:
+        if debug:
+            raise
+        print(f"onnx-quant {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    except QuantError as e:
+        if debug:
+            raise
+        print(f"onnx-quant {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_PROBLEMS
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # never a bare traceback
+        if debug:
+            raise
+        print(f"onnx-quant {args.command}: internal error: {type(e).__name__}: {e} (rerun with --debug for a traceback)", file=sys.stderr)
+        return 3

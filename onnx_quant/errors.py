@@ -1,0 +1,70 @@
+"""Error classes: every error onnx-quant raises on purpose derives from QuantError.
+
+Messages follow one shape so users and tools can read them alike:
+``<rule>: node <node>: <subject>: expected <expected>, found <found>``.
+"""
+
+from __future__ import annotations
+
+
+class QuantError(Exception):
+    """Base of every error the project raises on purpose."""
+
+
+class ModelLoadError(QuantError):
+    """The input is not a readable ONNX model (missing path, not protobuf, truncated)."""
+
+
+class InferenceError(QuantError):
+    """A node violates a type/shape rule or a quantization-parameter rule.
+
+    Attributes name the node, the rule and the input or attribute at fault so that
+    diagnostics can be listed one per line.
+    """
+
+    def __init__(
+        self,
+        rule: str,
+        node: str,
+        message: str,
+        *,
+        subject: str | None = None,
+        expected: str | None = None,
+        found: str | None = None,
+    ) -> None:
+        self.rule = rule
+        self.node = node
+        self.subject = subject
+        self.expected = expected
+        self.found = found
+        self.detail = message
+        parts = [f"{rule}: node {node}"]
+        if subject:
+            parts.append(subject)
+        text = message
+        if expected is not None or found is not None:
+            text = f"{message}: expected {expected}, found {found}" if message else f"expected {expected}, found {found}"
+        parts.append(text)
+        super().__init__(": ".join(p for p in parts if p))
+
+
+class SpecError(QuantError):
+    """A kernel spec is malformed: names the file, the field and the reason."""
+
+    def __init__(self, file: str, field: str, reason: str) -> None:
+        self.file = file
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{file}: {field}: {reason}")
+
+
+class ExpressionError(QuantError):
+    """A spec expression does not parse, names something unknown, or fails to evaluate."""
+
+
+class DeviceError(QuantError):
+    """No usable adapter, or wgpu rejected something; names kernel, variant and pass when known."""
+
+
+class ExecutionError(QuantError):
+    """A run cannot proceed: bad feeds, a tensor beyond device limits, an unsupported node."""
