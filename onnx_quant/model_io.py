@@ -1,0 +1,93 @@
+"""Loading a model, with one clear line for every way the input can be unusable."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Union
+
+import onnx
+from google.protobuf.message import DecodeError
+
+from onnx_quant.errors import ModelLoadError
+
+#: The model argument that names the built-in example instead of a file.
+EXAMPLE_NAME = "example"
+
+ModelSource = Union[str, os.PathLike, bytes, bytearray, memoryview, onnx.ModelProto]
+
+
+def load_model(source: ModelSource, *, load_external_data: bool = False) -> onnx.ModelProto:
+    """Read an ONNX model from a path, serialized bytes or a ModelProto.
+
+    The name ``"example"`` gives the built-in example model. Raises ``ModelLoadError`` (one
+    line naming the input) for a missing path, a directory, an empty file, a file that is not
+    an ONNX protobuf (text, truncated), or a model without a graph or opset imports.
+    A ``ModelProto`` is returned as is (not copied) once it passes the same checks.
+    """
+    if isinstance(source, onnx.ModelProto):
+        _check_parsed(source, "<ModelProto>")
+        return source
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return _parse(bytes(source), "<bytes>")
+    if not isinstance(source, (str, os.PathLike)):
+        raise ModelLoadError(f"cannot load a model from a {type(source).__name__}: expected a path, bytes or onnx.ModelProto")
+    if isinstance(source, str) and source == EXAMPLE_NAME:
+        from onnx_quant.examples import example_model
+
+        return example_model()
+    path = Path(source)
+    label = str(source)
+    if not path.exists():
+        raise ModelLoadError(f"{label}: no such file")
+    if path.is_dir():
+        raise ModelLoadError(f"{label}: is a directory, not an .onnx file")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ModelLoadError(f"{label}: cannot read: {e.strerror or e}") from None
+    model = _parse(data, label)
+    if load_external_data:
+        try:
+            onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
+        except (OSError, ValueError, onnx.checker.ValidationError) as e:
+            raise ModelLoadError(f"{label}: cannot load external data: {_first_line(e)}") from None
+    return model
+
+
+def _parse(data: bytes, label: str) -> onnx.ModelProto:
+    if not data:
+        raise ModelLoadError(f"{label}: empty file, not an ONNX model")
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except DecodeError:
+        if _looks_like_text(data):
+            raise ModelLoadError(f"{label}: not an ONNX model (looks like a text file, expected a binary protobuf)") from None
+        raise ModelLoadError(f"{label}: not an ONNX model (protobuf does not parse: truncated or corrupt)") from None
+    _check_parsed(model, label)
+    return model
+
+
+def _check_parsed(model: onnx.ModelProto, label: str) -> None:
+    # protobuf happily parses a prefix cut at a field boundary; these catch what it lets through
+    if not model.HasField("graph"):
+        raise ModelLoadError(f"{label}: not an ONNX model (no graph)")
+    if model.ir_version >= 3 and not model.opset_import:
+        raise ModelLoadError(f"{label}: ONNX model declares no opset_import (truncated file?)")
+
+
+def _looks_like_text(data: bytes) -> bool:
+    head = data[:512]
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if e.start < len(head) - 3:  # only a character cut by the 512-byte window is forgiven
+            return False
+        text = head[: e.start].decode("utf-8")
+    return all(ch.isprintable() or ch in "\r\n\t" for ch in text)
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [s.strip() for s in str(e).splitlines() if s.strip()]
+    return lines[0] if lines else type(e).__name__
