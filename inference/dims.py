@@ -196,7 +196,21 @@ def maximum(a: DimLike, b: DimLike) -> DimLike:
             args |= set(x.terms[0][0][0].args)
         else:
             args.add(x if isinstance(x, Dim) else _IntDim(x))
-    return _make({(_Max(tuple(sorted(args, key=_dim_sort_key))),): 1})
+    # Arguments that differ by a constant (max(0, 1, N), max(N + 1, N, H)) keep only the
+    # larger one, else merging nested maxima gives forms that text round trips cannot match.
+    kept: list = []
+    for x in sorted(args, key=_dim_sort_key):
+        for i, y in enumerate(kept):
+            diff = sub(x, y)
+            if isinstance(diff, int):
+                if diff > 0:
+                    kept[i] = x
+                break
+        else:
+            kept.append(x)
+    if len(kept) == 1:
+        return _make(dict(kept[0].terms))
+    return _make({(_Max(tuple(sorted(kept, key=_dim_sort_key))),): 1})
 
 
 def _IntDim(v: int):  # ints inside max() are stored as their own constant-polynomial Dim
