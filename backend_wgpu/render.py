@@ -1,0 +1,110 @@
+"""Rendering WGSL from the Jinja templates shipped in the ``templates`` package.
+
+One :class:`jinja2.Environment` over the installed ``templates`` directory, with
+``StrictUndefined`` so that a template naming a value the planner did not provide fails at
+render time instead of producing broken WGSL. Shared snippets live in
+``templates/snippets/`` and are included by the kernel templates, never copied.
+
+The render context is the pass plan's ``context`` (see ``plan.py`` and the contract in
+``docs/backend.md``); ``render`` checks that its ``bindings`` list agrees with the pass's
+``BindingPlan`` tuple (index, name, access, element type), since the shader declares its
+bindings from the former and the executor binds buffers from the latter.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+from pathlib import Path
+from typing import Any, Mapping
+
+import jinja2
+
+from backend_wgpu.plan import BindingPlan, PassPlan
+from onnx_quant.errors import DeviceError
+
+
+class TemplateFailure(jinja2.TemplateError):
+    """Raised from inside a template through ``oq_fail(message)``."""
+
+
+def _fail(message: str) -> None:
+    raise TemplateFailure(message)
+
+
+def templates_dir() -> Path:
+    """The installed ``templates`` package directory."""
+    return Path(str(importlib.resources.files("templates")))
+
+
+@functools.lru_cache(maxsize=None)
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=False,
+        lstrip_blocks=False,
+    )
+    env.globals["oq_fail"] = _fail
+    return env
+
+
+def _binding_context(b: BindingPlan) -> dict[str, Any]:
+    return {
+        "index": b.index,
+        "var_name": b.var_name,
+        "access": b.access,
+        "element_type": b.element_type,
+        "length": b.length,
+        "struct": [list(m) for m in b.struct] if b.struct is not None else None,
+    }
+
+
+def _check_bindings(pass_plan: PassPlan, context: Mapping[str, Any]) -> None:
+    declared = context.get("bindings")
+    keys = ("index", "var_name", "access", "element_type", "length")
+    got = [tuple(dict(d).get(k) for k in keys) for d in declared]
+    planned = [tuple(_binding_context(b)[k] for k in keys) for b in pass_plan.bindings]
+    if got != planned:
+        raise DeviceError(
+            f"pass {pass_plan.id}: the context's bindings disagree with the pass plan: "
+            f"context {got} vs plan {planned}"
+        )
+
+
+def render_source(template: str, context: Mapping[str, Any]) -> str:
+    """Render one template file (name relative to ``templates/``) with a context."""
+    env = environment()
+    try:
+        return env.get_template(template).render(**context)
+    except jinja2.TemplateNotFound as e:
+        raise DeviceError(f"template {template}: not found in {templates_dir()}: {e}") from None
+    except jinja2.UndefinedError as e:
+        raise DeviceError(f"template {template}: {e} (the plan's context does not provide it)") from None
+    except jinja2.TemplateError as e:
+        raise DeviceError(f"template {template}: {type(e).__name__}: {e}") from None
+
+
+def render_string(text: str, context: Mapping[str, Any] | None = None) -> str:
+    """Render template text (which may include snippets) with a context; for tools and tests."""
+    try:
+        return environment().from_string(text).render(**dict(context or {}))
+    except jinja2.TemplateError as e:
+        raise DeviceError(f"template text: {type(e).__name__}: {e}") from None
+
+
+def render(pass_plan: PassPlan) -> str:
+    """The WGSL source of one pass: its template rendered with its context."""
+    context = dict(pass_plan.context)
+    context.setdefault("bindings", [_binding_context(b) for b in pass_plan.bindings])
+    context.setdefault("binding", {b["var_name"]: b for b in context["bindings"]})
+    context.setdefault("pass_id", pass_plan.id)
+    _check_bindings(pass_plan, context)
+    try:
+        return render_source(pass_plan.shader, context)
+    except DeviceError as e:
+        kernel = context.get("kernel", "?")
+        variant = context.get("variant", "?")
+        raise DeviceError(f"kernel {kernel} variant {variant} pass {pass_plan.id}: {e}") from None
