@@ -1,0 +1,491 @@
+"""The GPU subcommands of ``onnx-quant``: devices, explain, run, bench (conformance, demo later).
+
+Each ``cmd_*`` takes the parsed arguments and returns an exit code; errors are raised as
+``QuantError`` subclasses and turned into one line by ``onnx_quant.cli``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from onnx_quant.errors import ExecutionError, QuantError
+
+# --------------------------------------------------------------------------- numpy formula
+
+
+def numpy_dynamic_quantize_linear(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ONNX DynamicQuantizeLinear written in numpy, with the edge-case behaviour this project
+    implements (onnxruntime CPU's; see docs/backend.md): NaN skipped by min/max, scale 1 when
+    max == min (all zero, all NaN, empty), a NaN zero point -> 255, a NaN quotient -> 0."""
+    x = np.asarray(x, dtype=np.float32)
+    with np.errstate(all="ignore"):
+        if x.size:
+            lo = np.float32(min(np.float32(0), np.nanmin(x))) if not np.isnan(x).all() else np.float32(0)
+            hi = np.float32(max(np.float32(0), np.nanmax(x))) if not np.isnan(x).all() else np.float32(0)
+        else:
+            lo = hi = np.float32(0)
+        scale = np.float32(1) if hi == lo else np.float32(hi - lo) / np.float32(255)
+        zp_f = np.float32(0) - lo / scale
+        zp = np.float32(255) if np.isnan(zp_f) else np.float32(np.rint(np.clip(zp_f, 0, 255)))
+        q = np.rint(x / scale) + zp
+        y = np.where(np.isnan(q), np.float32(0), np.clip(q, 0, 255)).astype(np.uint8)
+    return y, np.array(scale, dtype=np.float32), np.array(zp, dtype=np.uint8)
+
+
+def numpy_onnx_formula(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ONNX specification's formula, literally, in numpy (what the bench times as "numpy");
+    equal to :func:`numpy_dynamic_quantize_linear` on inputs without NaN and not all zero."""
+    x_min = np.minimum(np.float32(0), x.min())
+    x_max = np.maximum(np.float32(0), x.max())
+    scale = np.float32(x_max - x_min) / np.float32(255)
+    zp = np.rint(np.clip(np.float32(0) - x_min / scale, 0, 255))
+    y = np.clip(np.rint(x / scale) + zp, 0, 255).astype(np.uint8)
+    return y, np.array(scale, np.float32), np.array(zp, np.uint8)
+
+
+def dql_model(rank: int | None = 1, opset: int = 21):
+    """A one-node DynamicQuantizeLinear model with symbolic input dims (``rank`` of them)."""
+    from onnx import TensorProto, helper  # noqa: PLC0415
+
+    shape = None if rank is None else [f"d{i}" for i in range(rank)]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)
+    outs = [helper.make_tensor_value_info("y", TensorProto.UINT8, shape),
+            helper.make_tensor_value_info("y_scale", TensorProto.FLOAT, []),
+            helper.make_tensor_value_info("y_zero_point", TensorProto.UINT8, [])]
+    node = helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "y_scale", "y_zero_point"],
+                            name="DynamicQuantizeLinear")
+    graph = helper.make_graph([node], "dynamic_quantize_linear", [x], outs)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
+
+
+# --------------------------------------------------------------------------- devices
+
+
+_PLANNER_LIMITS = (
+    "maxStorageBufferBindingSize", "maxBufferSize", "maxUniformBufferBindingSize",
+    "maxStorageBuffersPerShaderStage", "maxUniformBuffersPerShaderStage", "maxBindingsPerBindGroup",
+    "maxComputeWorkgroupsPerDimension", "maxComputeInvocationsPerWorkgroup", "maxComputeWorkgroupSizeX",
+    "maxComputeWorkgroupStorageSize",
+)
+
+
+def limits_used_by_specs() -> list[str]:
+    """Limit names the kernel specs read (``device.limits.X``) and those the planner checks."""
+    from backend_wgpu.render import templates_dir  # noqa: PLC0415
+
+    names = set(_PLANNER_LIMITS)
+    for path in sorted(templates_dir().glob("*.kernel.json")):
+        names.update(re.findall(r"device\.limits\.([A-Za-z0-9_]+)", path.read_text(encoding="utf-8")))
+    return sorted(names)
+
+
+def devices_report() -> list[dict[str, Any]]:
+    from backend_wgpu.device import WANTED_FEATURES, list_adapters, select_adapter  # noqa: PLC0415
+    from backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS  # noqa: PLC0415
+
+    adapters = list_adapters()
+    default = select_adapter(None).index if adapters else None
+    used = limits_used_by_specs()
+    out = []
+    for a in adapters:
+        out.append({
+            "index": a.index,
+            "default": a.index == default,
+            "summary": a.summary,
+            "backend": a.backend,
+            "adapter_type": a.adapter_type,
+            "kernel_features": [f for f in WANTED_FEATURES if f in a.features],
+            "features": sorted(a.features),
+            "limits": {n: a.limits.get(n) for n in used},
+            "webgpu_default_limits": {n: WEBGPU_DEFAULT_LIMITS.get(n) for n in used},
+        })
+    return out
+
+
+def cmd_devices(args) -> int:
+    report = devices_report()
+    if getattr(args, "json", False):
+        print(json.dumps(report, indent=2))
+        return 0 if report else 1
+    if not report:
+        print("no wgpu adapter found (on Linux without a GPU: apt-get install mesa-vulkan-drivers)")
+        return 1
+    for a in report:
+        mark = "  (default)" if a["default"] else ""
+        print(f"[{a['index']}] {a['summary']}{mark}")
+        print(f"    backend {a['backend']}, type {a['adapter_type']}")
+        print(f"    kernel features: {', '.join(a['kernel_features']) or 'none'}")
+        print(f"    all features: {', '.join(a['features']) or 'none'}")
+        print("    limits (the specs' and planner's; WebGPU default in brackets):")
+        for n, v in a["limits"].items():
+            print(f"      {n:<36} {v if v is not None else '-':>12}  [{a['webgpu_default_limits'].get(n)}]")
+    print("choose one with ONNX_QUANT_ADAPTER=<index|name substring> or --adapter; "
+          "ONNX_QUANT_LIMITS=default requests WebGPU's default limits")
+    return 0
+
+
+# --------------------------------------------------------------------------- explain
+
+
+def _parse_shapes(items: Iterable[str]) -> dict[str, list[int]]:
+    shapes: dict[str, list[int]] = {}
+    for item in items or ():
+        name, _, dims = item.partition("=")
+        if not name or not _:
+            raise ExecutionError(f"--shape {item!r}: expected NAME=D0,D1,...")
+        try:
+            shapes[name] = [int(d) for d in dims.split(",") if d.strip()] if dims.strip() else []
+        except ValueError:
+            raise ExecutionError(f"--shape {item!r}: dims must be integers") from None
+    return shapes
+
+
+def cmd_explain(args) -> int:
+    from backend_wgpu.session import Session  # noqa: PLC0415
+
+    session = Session(args.model, adapter=getattr(args, "adapter", None))
+    entries = session.explain(_parse_shapes(getattr(args, "shape", None) or []))
+    if getattr(args, "json", False):
+        print(json.dumps(entries, indent=2))
+        return 0
+    print(f"device: {session.device.info.name}")
+    for e in entries:
+        print(f"{e['node']} ({e['op_type']}): kernel {e['kernel']}, variant {e['variant']}")
+        shapes = ", ".join(f"{k} {v}" for k, v in e["shapes"].items())
+        print(f"  shapes: {shapes}")
+        if e["derived"]:
+            print("  decided by: " + ", ".join(f"{k}={v}" for k, v in e["derived"].items()))
+        for vid, clause in e["selection"].items():
+            state = "chosen" if vid == e["variant"] else ("applies" if clause is None else f"no: {clause}")
+            print(f"    {vid:<34} {state}")
+        for p in e["passes"]:
+            print(f"  pass {p['id']:<10} {p['name']:<36} dispatch {p['dispatch']}")
+    return 0
+
+
+# --------------------------------------------------------------------------- run
+
+
+def _random_input(name: str, elem_type: int, dims: Sequence[Any], rng: np.random.Generator) -> np.ndarray:
+    from onnx_quant.dtypes import element_type  # noqa: PLC0415
+
+    et = element_type(elem_type)
+    shape = tuple(d if isinstance(d, int) else 16 for d in dims)
+    if et.is_float:
+        return (rng.standard_normal(shape) * 4).astype(np.float32).astype(et.dtype)
+    if et.is_integer:
+        lo, hi = et.int_range
+        return rng.integers(lo, hi, size=shape, endpoint=True).astype(np.int64).astype(et.dtype)
+    return rng.integers(0, 2, size=shape).astype(et.dtype)
+
+
+def _load_feeds(session, inputs: Sequence[str], random: bool, seed: int = 0) -> dict[str, np.ndarray]:
+    feeds: dict[str, np.ndarray] = {}
+    for item in inputs or ():
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ExecutionError(f"--input {item!r}: expected NAME=FILE.npy")
+        try:
+            feeds[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise ExecutionError(f"--input {name}: cannot read {path}: {e}") from None
+    rng = np.random.default_rng(seed)
+    for arg in session.get_inputs():
+        if arg.name not in feeds and random:
+            feeds[arg.name] = _random_input(arg.name, arg.elem_type, arg.shape, rng)
+    return feeds
+
+
+def _summary(a: np.ndarray) -> str:
+    if a.size == 0:
+        return "(empty)"
+    if a.size <= 8:
+        return np.array2string(a.reshape(-1), separator=", ")
+    f = a.astype(np.float64)
+    return f"min {np.nanmin(f):.6g} max {np.nanmax(f):.6g} mean {np.nanmean(f):.6g}"
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> tuple[bool, str]:
+    a = np.asarray(a)
+    b = np.asarray(b)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False, f"{a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}"
+    if a.dtype.kind == "f":
+        eq = (a == b) | (np.isnan(a) & np.isnan(b))
+    else:
+        eq = a == b
+    bad = int(eq.size - int(np.count_nonzero(eq)))
+    if bad == 0:
+        return True, "identical"
+    diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    return False, f"{bad} of {a.size} elements differ (max |diff| {np.nanmax(diff):.6g})"
+
+
+def reference_outputs(model, feeds: dict[str, np.ndarray], names: Sequence[str], engine: str) -> list[np.ndarray]:
+    import warnings  # noqa: PLC0415
+
+    if engine == "onnxruntime":
+        try:
+            import onnxruntime as ort  # noqa: PLC0415
+        except ImportError:
+            raise ExecutionError("--compare onnxruntime: onnxruntime is not installed") from None
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        return sess.run(list(names), feeds)
+    from onnx.reference import ReferenceEvaluator  # noqa: PLC0415
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ReferenceEvaluator(model).run(list(names), feeds)
+
+
+def cmd_run(args) -> int:
+    from backend_wgpu.session import Session  # noqa: PLC0415
+
+    session = Session(args.model, adapter=getattr(args, "adapter", None))
+    feeds = _load_feeds(session, getattr(args, "input", []), getattr(args, "random", False))
+    names = session.output_names
+    outputs = session.run(None, feeds)
+    print(f"device: {session.device.info.name}")
+    for name, value in zip(names, outputs):
+        print(f"{name}: {value.dtype} {list(value.shape)} {_summary(value)}")
+    out_dir = getattr(args, "output_dir", None)
+    if out_dir:
+        d = Path(out_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        for name, value in list(feeds.items()) + list(zip(names, outputs)):
+            safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+            np.save(d / f"{safe}.npy", value)
+        print(f"wrote {len(feeds)} inputs and {len(names)} outputs to {d}/")
+    engine = getattr(args, "compare", None)
+    if engine:
+        try:
+            expected = reference_outputs(session.model, feeds, names, engine)
+        except QuantError:
+            raise
+        except Exception as e:
+            raise ExecutionError(f"--compare {engine}: it failed to run the model: {type(e).__name__}: "
+                                 f"{str(e).splitlines()[0] if str(e) else ''}") from None
+        ok = True
+        for name, got, exp in zip(names, outputs, expected):
+            same, text = _same(got, np.asarray(exp))
+            ok &= same
+            print(f"compare {engine} {name}: {text}")
+        return 0 if ok else 1
+    return 0
+
+
+# --------------------------------------------------------------------------- bench
+
+
+def _median_time(fn: Callable[[], Any], repeat: int) -> float:
+    times = []
+    for _ in range(max(1, repeat)):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+#: elements the single_invocation shader gets through on llvmpipe (65535 loop iterations per
+#: invocation, 16 elements per iteration in each of its two loops)
+LLVMPIPE_SERIAL_CAP = 65535 * 8
+
+
+def _variant_setup(spec, variant: str, n: int) -> tuple[int, dict[str, int]]:
+    """(element count, tunables) that make ``variant`` valid near ``n`` elements."""
+    tun: dict[str, int] = {}
+    count = n
+    if variant == "single_invocation":
+        tun["SERIAL_MAX_ELEMENTS"] = max(n, spec.tunables["SERIAL_MAX_ELEMENTS"].default)
+    if variant.startswith("grid_stride"):
+        tun["GRID_STRIDE_MIN_ELEMENTS"] = min(n - 1, spec.tunables["GRID_STRIDE_MIN_ELEMENTS"].default)
+    if variant == "grid_stride_reduce" and n % 4 == 0:
+        count = n - 1  # its when clause asks for a count that is not a multiple of 4
+    return count, tun
+
+
+def bench_dql(
+    sizes_log2: Sequence[int] = (12, 16, 20, 24),
+    *,
+    repeat: int = 5,
+    adapter: int | str | None = None,
+    variants: Sequence[str] | None = None,
+    seed: int = 0,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """DynamicQuantizeLinear: every variant (forced) on the GPU beside numpy and onnxruntime CPU.
+
+    Times are medians of ``repeat`` end-to-end runs (host array in, host arrays out) after one
+    warm-up run; GB/s is input bytes / median time. ``compilations``/``buffers`` are the pipeline
+    compilations and buffer allocations during the timed runs (zero: the warm-up prepared all).
+    ``kernel_ms`` is the passes alone (one submit, waiting on a 4-byte read back).
+    """
+    from backend_wgpu.device import get_device  # noqa: PLC0415
+    from backend_wgpu.executor import prepare  # noqa: PLC0415
+    from backend_wgpu.session import Session  # noqa: PLC0415
+    from backend_wgpu.spec import load_specs  # noqa: PLC0415
+
+    say = log or (lambda s: None)
+    device = get_device(adapter)
+    spec = load_specs().find("", "DynamicQuantizeLinear", 21)
+    if spec is None:
+        raise ExecutionError("bench: no DynamicQuantizeLinear kernel spec found")
+    all_variants = [v.id for v in spec.variants]
+    chosen = list(variants) if variants else all_variants
+    unknown = [v for v in chosen if v not in all_variants]
+    if unknown:
+        raise ExecutionError(f"bench: unknown variants {unknown} (variants: {all_variants})")
+    model = dql_model(1)
+    try:
+        import onnxruntime as ort  # noqa: PLC0415
+
+        ort_session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception:  # pragma: no cover - onnxruntime is a test extra
+        ort_session = None
+    rng = np.random.default_rng(seed)
+    rows: list[dict[str, Any]] = []
+    for k in sizes_log2:
+        n = 1 << int(k)
+        base = (rng.standard_normal(n) * 3).astype(np.float32)
+        ref = numpy_dynamic_quantize_linear(base)
+        t_np = _median_time(lambda: numpy_onnx_formula(base), repeat)
+        np_out = numpy_onnx_formula(base)
+        row_np = {"log2": int(k), "elements": n, "impl": "numpy", "variant": "-", "ms": t_np * 1e3,
+                  "exact": all(_same(a, b)[0] for a, b in zip(np_out, ref))}
+        rows.append(row_np)
+        say(f"2^{k}: numpy {t_np * 1e3:.2f} ms")
+        t_ort = None
+        if ort_session is not None:
+            ort_session.run(None, {"x": base})
+            t_ort = _median_time(lambda: ort_session.run(None, {"x": base}), repeat)
+            ort_out = ort_session.run(None, {"x": base})
+            rows.append({"log2": int(k), "elements": n, "impl": "onnxruntime-cpu", "variant": "-",
+                         "ms": t_ort * 1e3,
+                         "exact": all(_same(a, b)[0] for a, b in zip(ort_out, ref))})
+            say(f"2^{k}: onnxruntime {t_ort * 1e3:.2f} ms")
+        for variant in chosen:
+            count, tun = _variant_setup(spec, variant, n)
+            if variant == "single_invocation" and "llvmpipe" in device.info.name and count > LLVMPIPE_SERIAL_CAP:
+                rows.append({"log2": int(k), "elements": count, "impl": "gpu", "variant": variant, "ms": math.nan,
+                             "skipped": f"llvmpipe stops an invocation after 65535 loop iterations: one "
+                                        f"invocation handles at most {LLVMPIPE_SERIAL_CAP} elements there"})
+                say(f"2^{k}: {variant} skipped (llvmpipe loop limiter)")
+                continue
+            x = base[:count]
+            expected = ref if count == n else numpy_dynamic_quantize_linear(x)
+            session = Session(model, device=device, variants={"DynamicQuantizeLinear": variant}, tunables=tun)
+            try:
+                t0 = time.perf_counter()
+                got = session.run(None, {"x": x})  # warm-up: plans, compiles, allocates
+                first = time.perf_counter() - t0
+                exact = all(_same(a, b)[0] for a, b in zip(got, expected))
+                comp0 = device.pipelines.compilations
+                bufs0 = device.stats.buffers_allocated
+                reps = repeat if first < 2.0 else max(1, min(repeat, 2))
+                t_gpu = _median_time(lambda: session.run(None, {"x": x}), reps)
+                compilations = device.pipelines.compilations - comp0
+                buffers = device.stats.buffers_allocated - bufs0
+                plan = session.plans({"x": (count,)})[0]
+                prep = prepare(device, plan)
+                small = device.allocate_staging(4, label="bench wait")
+                scale_buf = prep.buffers["y_scale"]
+                t_kernel = _median_time(
+                    lambda: device.launch(prep.steps, copies=[(scale_buf, 0, small, 0, 4)], read=small), reps)
+                small.destroy()
+            finally:
+                session.close()
+            row = {
+                "log2": int(k), "elements": count, "impl": "gpu", "variant": variant, "tunables": tun,
+                "ms": t_gpu * 1e3, "kernel_ms": t_kernel * 1e3, "first_run_ms": first * 1e3,
+                "compilations": compilations, "buffers": buffers, "exact": exact,
+                "passes": [list(p.dispatch) for p in plan.passes],
+            }
+            rows.append(row)
+            say(f"2^{k}: {variant} {t_gpu * 1e3:.2f} ms (kernel {t_kernel * 1e3:.2f} ms, exact={exact}, "
+                f"compilations after warm-up {compilations})")
+    for r in rows:
+        if r.get("skipped"):
+            continue
+        r["gb_per_s"] = (4 * r["elements"]) / (r["ms"] * 1e-3) / 1e9 if r["ms"] > 0 else math.inf
+        peers = {p["impl"]: p for p in rows if p["log2"] == r["log2"] and p["impl"] != "gpu"}
+        if "numpy" in peers:
+            r["speedup_vs_numpy"] = peers["numpy"]["ms"] / r["ms"] * r["elements"] / peers["numpy"]["elements"]
+        if "onnxruntime-cpu" in peers:
+            r["speedup_vs_onnxruntime"] = (peers["onnxruntime-cpu"]["ms"] / r["ms"] * r["elements"]
+                                           / peers["onnxruntime-cpu"]["elements"])
+    return {
+        "kernel": "DynamicQuantizeLinear",
+        "device": device.info.name,
+        "backend": device.info.backend,
+        "limits": device.limits_mode,
+        "repeat": repeat,
+        "rows": rows,
+        "pipeline_counters": device.pipelines.counters(),
+    }
+
+
+def format_bench(result: dict[str, Any]) -> str:
+    lines = [f"DynamicQuantizeLinear on {result['device']} (limits: {result['limits']}), "
+             f"median of {result['repeat']} end-to-end runs after a warm-up",
+             f"{'elements':>10} {'impl':<16} {'variant':<30} {'ms':>9} {'GB/s':>6} {'x numpy':>8} {'x ort':>7} "
+             f"{'kernel ms':>9} {'compiles':>8} {'exact':>5}"]
+    for r in result["rows"]:
+        elems = f"2^{r['log2']}" + ("-1" if r["elements"] == (1 << r["log2"]) - 1 else "")
+        if r.get("skipped"):
+            lines.append(f"{elems:>10} {r['impl']:<16} {r['variant']:<30} skipped: {r['skipped']}")
+            continue
+        lines.append(
+            f"{elems:>10} {r['impl']:<16} {r['variant']:<30} {r['ms']:>9.2f} {r['gb_per_s']:>6.2f} "
+            f"{r.get('speedup_vs_numpy', 1.0):>8.2f} {r.get('speedup_vs_onnxruntime', float('nan')):>7.2f} "
+            f"{(format(r['kernel_ms'], '.2f') if 'kernel_ms' in r else '-'):>9} "
+            f"{(str(r['compilations']) if 'compilations' in r else '-'):>8} {str(r.get('exact', '-')):>5}")
+    c = result["pipeline_counters"]
+    lines.append(f"pipeline cache: {c['compilations']} compilations, {c['cache_hits']} cache hits; "
+                 f"compilations during the timed (second and later) runs: "
+                 f"{sum(r.get('compilations', 0) for r in result['rows'])}")
+    return "\n".join(lines)
+
+
+def cmd_bench(args) -> int:
+    try:
+        sizes = [int(s) for s in str(getattr(args, "sizes", "12,16,20,24")).split(",") if s.strip()]
+    except ValueError:
+        raise ExecutionError(f"--sizes {args.sizes!r}: expected comma-separated integers (log2 element counts)") from None
+    if not sizes or any(s < 2 or s > 28 for s in sizes):
+        raise ExecutionError(f"--sizes {args.sizes!r}: each log2 size must be within 2..28")
+    as_json = getattr(args, "json", False)
+    log = None if as_json else (lambda s: print(s, file=sys.stderr, flush=True))
+    result = bench_dql(sizes, repeat=int(getattr(args, "repeat", 5)), adapter=getattr(args, "adapter", None), log=log)
+    if as_json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        print(format_bench(result))
+    bad = [r for r in result["rows"] if r["impl"] == "gpu" and not r.get("skipped")
+           and (not r["exact"] or r["compilations"] or r["buffers"])]
+    return 1 if bad else 0
+
+
+# --------------------------------------------------------------------------- later
+
+
+class NotAvailableYet(QuantError):
+    """A subcommand whose machinery is still being built."""
+
+
+def cmd_conformance(args) -> int:
+    raise NotAvailableYet("conformance is not available yet: it arrives with the conformance runner "
+                          "(onnx.backend Backend over the graph executor)")
+
+
+def cmd_demo(args) -> int:
+    raise NotAvailableYet("demo is not available yet: it arrives with the graph executor (running a "
+                          "whole quantized model on the GPU)")
