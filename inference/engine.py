@@ -361,6 +361,9 @@ class _Pass:
         n = NodeContext(node, index, self.ctx, 0, opset or 0)
         self._check_inputs_defined(n)
         self._check_outputs_fresh(n)
+        for name in node.output:  # a value defined twice must not keep the first one's caches
+            self._type_bytes.pop(name, None)
+            self._data_bytes.pop(name, None)
         if opset is None:
             self._raise_or_record(n.error(
                 "opset-import", f"domain {domain or 'ai.onnx'!r} is not in the model's opset_import"))
@@ -388,10 +391,11 @@ class _Pass:
         self.result.nodes.append(record)
         described = record.describe()
         ok = source in ("rule", SOURCE_FALLBACK, SOURCE_CONSTANT)
+        # what the rule or onnx gave: folding or a declaration may replace it below
         typed = {name: self.ctx.get(name) for name in n.node.output if name}
         if ok:
             self._fold(n)
-        for name, before in typed.items():
+        for name, given in typed.items():
             info = self.ctx.get(name)
             if info is None or not ok:
                 info = TensorInfo()  # a failed node's outputs are unknown, whatever it set
@@ -399,7 +403,7 @@ class _Pass:
             self.result.typed_by[name] = described
             if name in self._declared:
                 self._merge_declared(n, name, info)
-            if self.ctx.get(name) is not before:
+            if self.ctx.get(name) is not given:  # onnx's cached bytes no longer describe it
                 self._type_bytes.pop(name, None)
 
     def _check_inputs_defined(self, n: NodeContext) -> None:
@@ -599,7 +603,7 @@ class _Pass:
 
     def _fold(self, n: NodeContext) -> None:
         node = n.node
-        if normalize_domain(node.domain) != "" or node.op_type not in _FOLDERS or len(node.output) != 1:
+        if node.op_type not in _FOLDERS or normalize_domain(node.domain) != "" or len(node.output) != 1:
             return
         out_name = node.output[0]
         out = self.ctx.get(out_name)
