@@ -11,11 +11,17 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
 
 import inference
+from inference import dims, registry
+from inference.context import ShapesContext, TensorInfo
 from inference.diagnostics import MODEL_NODE
+from inference.registry import NodeContext
+from onnx_quant.dtypes import ELEMENT_TYPES
 from onnx_quant.errors import InferenceError, QuantError
 
 F, F16, BF16, U8, I8, I32 = T.FLOAT, T.FLOAT16, T.BFLOAT16, T.UINT8, T.INT8, T.INT32
@@ -287,3 +293,49 @@ def test_onnx_accepts_but_we_reject(case):
     ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
     _assert_rejected(m, rule)
     assert [d.rule for d in inference.check_model(m)] == [rule]  # the checker itself has nothing to say
+
+
+# ---------------------------------------------------------------- robustness
+
+_FAMILY = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "ConvInteger",
+           "QLinearMatMul", "MatMulInteger")
+_dim = st.one_of(st.integers(0, 6), st.sampled_from([None, "N", "H", "H + 1"]))
+_shape = st.one_of(st.none(), st.lists(_dim, max_size=5))
+_info = st.builds(lambda t, s: TensorInfo(t, None if s is None else tuple(
+    dims.parse(d) if isinstance(d, str) else d for d in s)),
+    st.sampled_from([0] + [t.code for t in ELEMENT_TYPES] + [T.DOUBLE]), _shape)
+_ints = st.lists(st.integers(-2, 4), max_size=7)
+_attrs = st.fixed_dictionaries({}, optional={
+    # each attribute sometimes has the wrong kind (a list for an int, an int for a list or string)
+    "axis": st.integers(-6, 6) | _ints, "block_size": st.integers(-2, 5) | _ints,
+    "output_dtype": st.integers(-1, 30), "saturate": st.integers(0, 1), "precision": st.integers(-1, 30) | _ints,
+    "group": st.integers(-1, 3) | _ints, "pads": _ints | st.integers(0, 2), "strides": _ints,
+    "dilations": _ints, "kernel_shape": _ints | st.integers(1, 3),
+    "auto_pad": st.sampled_from(["NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID", "same", ""]) | st.integers(0, 1),
+    "foo": st.integers(0, 1),
+})
+
+
+@given(op=st.sampled_from(_FAMILY), opset=st.integers(10, 28), infos=st.lists(_info, max_size=10),
+       attrs=_attrs, holes=st.sets(st.integers(0, 9)), strict=st.booleans())
+def test_rules_never_crash(op, opset, infos, attrs, holes, strict):
+    """Whatever the node looks like, a rule types it or raises InferenceError, nothing else."""
+    found = registry.lookup("", op, opset)
+    if found is None:
+        return
+    rule, version = found
+    names = ["" if i in holes else f"i{i}" for i in range(len(infos))]
+    node = helper.make_node(op, names, ["y", "y1", "y2"][: 3 if op == "DynamicQuantizeLinear" else 1])
+    for key, value in attrs.items():
+        kind = onnx.AttributeProto.INTS if isinstance(value, list) else None
+        node.attribute.append(helper.make_attribute(key, value, attr_type=kind))
+    ctx = ShapesContext({"": opset}, strict=strict)
+    for name, info in zip(names, infos):
+        if name:
+            ctx.set(name, info)
+    try:
+        rule(ctx, NodeContext(node, 0, ctx, version, opset))
+    except InferenceError as e:
+        assert str(e).startswith(f"{e.rule}: node #0 ({op})")
+    for e in ctx.diagnostics:
+        assert isinstance(e, InferenceError)
