@@ -1,0 +1,241 @@
+"""Elementwise operators: arithmetic, activations, comparisons, casts.
+
+Binary and ternary operators broadcast numpy-style with symbols (``dims.broadcast``);
+comparisons give bool. Small constant values (see :mod:`inference.rules._wm_common`) go
+through Add/Sub/Mul/Div, Equal/Less/Greater/Not, Where, Cast/CastLike and Identity, symbolic
+entries included where the operation is defined on dims.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from inference import dims
+from inference.context import TensorInfo
+from inference.registry import register
+from inference.rules._wm_common import (
+    BOOL, MAX_VALUE_ELEMS, broadcast_shapes, check_same_type, elementwise_symbolic, exact_div, nonneg, np_dtype, shape_text, tidy, type_text,
+)
+
+# ---------------------------------------------------------------- value arithmetic
+def _np_div(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
+    if a.dtype.kind in "iu" and b.dtype.kind in "iu":
+        if np.any(b == 0):
+            return None
+        q = np.floor_divide(a, b)
+        fix = (np.remainder(a, b) != 0) & ((a < 0) != (b < 0))
+        return q + fix.astype(q.dtype)
+    return np.divide(a, b)
+
+
+def _sym_div(a, b):
+    if isinstance(a, int) and isinstance(b, int):
+        if b == 0:
+            return None
+        q = abs(a) // abs(b)
+        return q if (a < 0) == (b < 0) else -q
+    if isinstance(b, int) and b > 0 and nonneg(a):
+        return dims.floordiv(a, b)
+    if a == b and a is not None:
+        return 1
+    if nonneg(a) and nonneg(b):  # exact monomial quotients: (N*C*H*W) / N
+        return exact_div([a], [b])
+    return None
+
+
+_NP_BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": _np_div}
+_SYM_BINARY = {"Add": dims.add, "Sub": dims.sub, "Mul": dims.mul, "Div": _sym_div}
+
+
+def _sym_equal(a, b):
+    if a == b:
+        return True
+    d = dims.sub(a, b)
+    return (d == 0) if isinstance(d, int) else None
+
+
+def _sym_less(a, b):
+    d = dims.sub(a, b)
+    return (d < 0) if isinstance(d, int) else None
+
+
+def _sym_greater(a, b):
+    d = dims.sub(a, b)
+    return (d > 0) if isinstance(d, int) else None
+
+
+_NP_COMPARE = {"Equal": np.equal, "Less": np.less, "Greater": np.greater}
+_SYM_COMPARE = {"Equal": _sym_equal, "Less": _sym_less, "Greater": _sym_greater}
+
+
+def _binary_value(op: str, a: TensorInfo, b: TensorInfo, out_type: int, np_ops, sym_ops):
+    va, vb = a.value, b.value
+    if va is None or vb is None or not out_type or va.size > MAX_VALUE_ELEMS or vb.size > MAX_VALUE_ELEMS:
+        return None
+    try:
+        if va.dtype.kind != "O" and vb.dtype.kind != "O":
+            with np.errstate(all="ignore"):
+                r = np_ops[op](va, vb)
+            if r is None:
+                return None
+            return tidy(np.asarray(r), out_type)
+        return tidy(elementwise_symbolic(sym_ops[op], va, vb), out_type)
+    except (ValueError, TypeError, ArithmeticError):
+        return None
+
+
+# ---------------------------------------------------------------- shapes
+def _broadcast(n, rule: str, infos) -> tuple | None:
+    shapes = [i.shape for i in infos]
+    if any(s is None for s in shapes):
+        return None
+    try:
+        return broadcast_shapes(shapes)
+    except ValueError as e:
+        n.fail(rule, "inputs do not broadcast", subject="inputs",
+               expected="numpy-broadcastable shapes", found=", ".join(shape_text(s) for s in shapes) + f" ({e})")
+    return None  # pragma: no cover
+
+
+# ---------------------------------------------------------------- binary arithmetic
+def arithmetic(ctx, n) -> None:
+    rule = n.node.op_type
+    a, b = n.input(0), n.input(1)
+    t = check_same_type(n, rule, (a, b), ("A", "B"))
+    shape = _broadcast(n, rule, (a, b))
+    n.set_output(0, TensorInfo(t, shape, _binary_value(rule, a, b, t, _NP_BINARY, _SYM_BINARY) if shape is not None else None))
+
+
+for _op in ("Add", "Sub", "Mul", "Div"):
+    register(_op, 7, 13, 14)(arithmetic)
+
+
+@register("Pow", 7, 12, 13, 15)
+def pow_rule(ctx, n) -> None:
+    x, y = n.input(0), n.input(1)
+    if n.version < 12:
+        check_same_type(n, "Pow", (x, y), ("X", "Y"))
+    n.set_output(0, TensorInfo(x.elem_type, _broadcast(n, "Pow", (x, y))))
+
+
+# ---------------------------------------------------------------- comparisons
+def compare(ctx, n) -> None:
+    rule = n.node.op_type
+    a, b = n.input(0), n.input(1)
+    check_same_type(n, rule, (a, b), ("A", "B"))
+    shape = _broadcast(n, rule, (a, b))
+    value = _binary_value(rule, a, b, BOOL, _NP_COMPARE, _SYM_COMPARE) if shape is not None else None
+    n.set_output(0, TensorInfo(BOOL, shape, value))
+
+
+register("Equal", 7, 11, 13, 19)(compare)
+register("Less", 7, 9, 13)(compare)
+register("Greater", 7, 9, 13)(compare)
+
+
+@register("Not", 1)
+def not_rule(ctx, n) -> None:
+    x = n.input(0)
+    if x.elem_type and x.elem_type != BOOL:
+        n.report("Not", "input must be bool", subject="input X", expected="bool", found=type_text(x.elem_type))
+    value = None
+    if x.value is not None and x.value.size <= MAX_VALUE_ELEMS:
+        if x.value.dtype.kind == "O":
+            value = tidy(elementwise_symbolic(lambda v: not v, x.value), BOOL)
+        else:
+            value = tidy(np.logical_not(x.value), BOOL)
+    n.set_output(0, TensorInfo(BOOL, x.shape, value))
+
+
+# ---------------------------------------------------------------- unary, same type and shape
+def same_as_input(ctx, n) -> None:
+    x = n.input(0)
+    n.set_output(0, TensorInfo(x.elem_type, x.shape))
+
+
+for _op, _versions in (
+    ("Relu", (1, 6, 13, 14)), ("LeakyRelu", (1, 6, 16)), ("Sigmoid", (1, 6, 13)), ("Tanh", (1, 6, 13)),
+    ("Erf", (9, 13)), ("Gelu", (20,)), ("Sqrt", (1, 6, 13)), ("Exp", (1, 6, 13)), ("Neg", (1, 6, 13)),
+    ("Clip", (1, 6, 11, 12, 13)),
+):
+    register(_op, *_versions)(same_as_input)
+
+
+@register("Identity", 1, 13, 14, 16, 19, 21, 23, 24, 25)
+def identity(ctx, n) -> None:
+    name = n.input_name(0)
+    info = ctx.get(name)
+    if info is not None:
+        n.set_output(0, info)
+
+
+# ---------------------------------------------------------------- Where
+def _select(c, a, b):
+    return a if c else b
+
+
+@register("Where", 9, 16)
+def where(ctx, n) -> None:
+    c, x, y = n.input(0), n.input(1), n.input(2)
+    if c.elem_type and c.elem_type != BOOL:
+        n.report("Where", "condition must be bool", subject="input condition", expected="bool",
+                 found=type_text(c.elem_type))
+    t = check_same_type(n, "Where", (x, y), ("X", "Y"))
+    shape = _broadcast(n, "Where", (c, x, y))
+    value = None
+    if shape is not None and t and all(v.value is not None and v.value.size <= MAX_VALUE_ELEMS for v in (c, x, y)):
+        try:
+            if all(v.value.dtype.kind != "O" for v in (c, x, y)):
+                value = tidy(np.where(c.value, x.value, y.value), t)
+            else:
+                value = tidy(elementwise_symbolic(_select, c.value, x.value, y.value), t)
+        except (ValueError, TypeError):
+            value = None
+    n.set_output(0, TensorInfo(t, shape, value))
+
+
+# ---------------------------------------------------------------- casts
+def _cast_value(v: np.ndarray | None, to: int) -> np.ndarray | None:
+    if v is None or v.size > MAX_VALUE_ELEMS:
+        return None
+    dt = np_dtype(to)
+    if dt is None:
+        return None
+    if v.dtype.kind == "O":
+        if dt.kind in "iu":
+            return tidy(v, to)
+        if all(isinstance(x, int) for x in v.reshape(-1)):
+            return tidy(np.array([int(x) for x in v.reshape(-1)]).reshape(v.shape), to)
+        return None
+    if v.dtype.kind not in "iubf":
+        return None
+    with np.errstate(all="ignore"):
+        return tidy(v.astype(dt), to)
+
+
+@register("Cast", 6, 9, 13, 19, 21, 23, 24, 25, 28)
+def cast(ctx, n) -> None:
+    x = n.input(0)
+    to = n.attr("to")
+    if to is None:
+        n.fail("Cast", "attribute 'to' is required", subject="attribute to", expected="an element type",
+               found="none")
+    n.set_output(0, TensorInfo(int(to), x.shape, _cast_value(x.value, int(to))))
+
+
+@register("CastLike", 15, 19, 21, 23, 24, 25)
+def cast_like(ctx, n) -> None:
+    x, like = n.input(0), n.input(1)
+    to = like.elem_type
+    n.set_output(0, TensorInfo(to, x.shape, _cast_value(x.value, to) if to else None))
+
+
+# ---------------------------------------------------------------- Dropout
+@register("Dropout", 1, 6, 7, 10, 12, 13, 22)
+def dropout(ctx, n) -> None:
+    x = n.input(0)
+    n.set_output(0, TensorInfo(x.elem_type, x.shape))
+    if n.output_name(1):
+        mask_type = x.elem_type if n.version < 10 else BOOL
+        n.set_output(1, TensorInfo(mask_type, x.shape))
+

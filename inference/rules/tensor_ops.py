@@ -1,0 +1,1004 @@
+"""Tensor manipulation operators: reshaping, indexing, padding, resizing, shape arithmetic,
+constants, reductions.
+
+Rules that need data (Reshape's target, Slice's bounds, Expand's shape ...) read it from the
+input's ``TensorInfo.value``; Shape, Size, Constant, ConstantOfShape, Range, Gather, Slice,
+Concat, Squeeze/Unsqueeze, Reshape/Flatten, Split and Expand also *produce* small values, so
+shapes computed inside the graph resolve, symbolically when the dims are symbolic (see
+:mod:`inference.rules._wm_common` for the value convention).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from onnx import TensorProto, numpy_helper
+
+from inference import dims
+from inference.context import TensorInfo
+from inference.dims import DimLike
+from inference.registry import register
+from inference.rules._wm_common import (
+    BIG, INT64, MAX_VALUE_ELEMS, as_object, broadcast_shapes, check_same_type, dim_min, entries, exact_div, make_value, max0,
+    merge_dim, nonneg, norm_axes, norm_axis, numeric, product, shape_text, tidy, type_text,
+)
+
+#: Constant nodes whose tensor has at most this many elements get their value decoded
+CONST_DECODE_ELEMS = 4096
+
+_LATEST = (21, 23, 24, 25)  # since_versions that only widened the type lists
+
+
+def _rank_only(shape_info: TensorInfo | None) -> int | None:
+    """Length of a 1-D tensor whose shape is known (e.g. an unknown Reshape target)."""
+    if shape_info is None or shape_info.shape is None or len(shape_info.shape) != 1:
+        return None
+    d = shape_info.shape[0]
+    return d if isinstance(d, int) else None
+
+
+def _small(info: TensorInfo) -> bool:
+    return info.value is not None and info.value.size <= MAX_VALUE_ELEMS
+
+
+def _reshaped_value(src: TensorInfo, out_shape, elem_type: int):
+    if not _small(src) or out_shape is None or not all(isinstance(d, int) for d in out_shape):
+        return None
+    if src.value.size != product(out_shape):
+        return None
+    return src.value.reshape(tuple(out_shape))
+
+
+def _set(n, i: int, elem_type: int, shape, value=None) -> None:
+    n.set_output(i, TensorInfo(elem_type, None if shape is None else tuple(shape), value))
+
+
+# ---------------------------------------------------------------- Reshape / Flatten
+@register("Reshape", 5, 13, 14, 19, *_LATEST)
+def reshape(ctx, n) -> None:
+    data, target_info = n.input(0), n.input(1)
+    t = data.elem_type
+    if target_info.shape is not None and len(target_info.shape) != 1:
+        n.fail("Reshape", "the shape input must be 1-D", subject="input shape", expected="rank 1",
+               found=f"rank {len(target_info.shape)}")
+    target = entries(target_info)
+    if target is None:
+        k = _rank_only(target_info)
+        _set(n, 0, t, None if k is None else (None,) * k)
+        return
+    allowzero = n.version >= 14 and bool(n.attr("allowzero", 0))
+    in_shape = data.shape
+    out: list[DimLike] = []
+    minus_one = None
+    for i, d in enumerate(target):
+        if isinstance(d, int):
+            if d == -1:
+                if minus_one is not None:
+                    n.fail("Reshape", "at most one -1 in the target shape", subject="input shape",
+                           expected="one -1", found=target)
+                minus_one = i
+                out.append(None)
+                continue
+            if d < -1:
+                n.fail("Reshape", "target dims must be >= -1", subject="input shape", expected=">= -1 each",
+                       found=target)
+            if d == 0 and not allowzero:
+                if in_shape is None:
+                    out.append(None)
+                    continue
+                if i >= len(in_shape):
+                    n.fail("Reshape", f"target entry {i} is 0 (copy the input dim) but the input has no dim {i}",
+                           subject="input shape", expected=f"input rank > {i}", found=shape_text(in_shape))
+                out.append(in_shape[i])
+                continue
+        out.append(d)
+    if allowzero and minus_one is not None and 0 in target:
+        n.fail("Reshape", "with allowzero=1 the target cannot hold both 0 and -1", subject="input shape",
+               expected="no 0 next to -1", found=target)
+    if in_shape is not None:
+        known_in = all(isinstance(d, int) for d in in_shape)
+        others = [d for j, d in enumerate(out) if j != minus_one]
+        known_out = all(isinstance(d, int) for d in others)
+        total = product(in_shape) if known_in else None
+        if minus_one is not None:
+            if known_in and known_out:
+                k = product(others)
+                if k == 0 or total % k:
+                    n.fail("Reshape", f"cannot infer -1: {total} elements do not split into {shape_text(others)}",
+                           subject="input shape", expected=f"a divisor of {total}", found=f"product {k}")
+                out[minus_one] = total // k
+            else:
+                out[minus_one] = exact_div(in_shape, others)
+        elif known_in and known_out and product(out) != total:
+            n.fail("Reshape", "element count changes", subject="input shape",
+                   expected=f"{total} elements ({shape_text(in_shape)})",
+                   found=f"{product(out)} ({shape_text(out)})")
+    _set(n, 0, t, out, _reshaped_value(data, out, t))
+
+
+@register("Flatten", 1, 9, 11, 13, *_LATEST)
+def flatten(ctx, n) -> None:
+    x = n.input(0)
+    axis = int(n.attr("axis", 1))
+    if x.shape is None:
+        _set(n, 0, x.elem_type, (None, None))
+        return
+    r = len(x.shape)
+    lo = -r if n.version >= 11 else 0
+    if not lo <= axis <= r:
+        n.fail("Flatten", "axis out of range", subject="attribute axis", expected=f"an axis in [{lo}, {r}]",
+               found=axis)
+    if axis < 0:
+        axis += r
+    out = (product(x.shape[:axis]), product(x.shape[axis:]))
+    _set(n, 0, x.elem_type, out, _reshaped_value(x, out, x.elem_type))
+
+
+# ---------------------------------------------------------------- Transpose
+@register("Transpose", 1, 13, *_LATEST)
+def transpose(ctx, n) -> None:
+    x = n.input(0)
+    perm = n.attr("perm")
+    if x.shape is None:
+        _set(n, 0, x.elem_type, None if perm is None else (None,) * len(perm))
+        return
+    r = len(x.shape)
+    perm = list(range(r - 1, -1, -1)) if perm is None else [int(p) for p in perm]
+    if sorted(perm) != list(range(r)):
+        n.fail("Transpose", "perm must be a permutation of the input axes", subject="attribute perm",
+               expected=f"a permutation of 0..{r - 1}", found=perm)
+    value = np.transpose(x.value, perm) if _small(x) else None
+    _set(n, 0, x.elem_type, [x.shape[p] for p in perm], value)
+
+
+# ---------------------------------------------------------------- Squeeze / Unsqueeze
+def _axes_arg(n, since_input: int):
+    """(axes, known): axes from the attribute (< since_input) or the second input."""
+    if n.version < since_input:
+        axes = n.attr("axes")
+        return (None if axes is None else [int(a) for a in axes]), True
+    if not n.has_input(1):
+        return None, True
+    e = entries(n.input(1))
+    if e is None or not all(isinstance(a, int) for a in e):
+        return None, False
+    return e, True
+
+
+@register("Squeeze", 1, 11, 13, *_LATEST)
+def squeeze(ctx, n) -> None:
+    x = n.input(0)
+    axes, known = _axes_arg(n, 13)
+    if x.shape is None:
+        _set(n, 0, x.elem_type, None)
+        return
+    r = len(x.shape)
+    if not known:
+        k = _rank_only(n.input(1))
+        _set(n, 0, x.elem_type, None if k is None else (None,) * (r - k))
+        return
+    if axes is None:
+        if not all(isinstance(d, int) for d in x.shape):
+            _set(n, 0, x.elem_type, None)  # a symbolic dim may or may not be 1
+            return
+        keep = [d for d in x.shape if d != 1]
+    else:
+        axes = norm_axes(n, "Squeeze", axes, r, "axes")
+        for a in axes:
+            d = x.shape[a]
+            if isinstance(d, int) and d != 1:
+                n.fail("Squeeze", f"axis {a} has size {d}", subject="axes", expected="size 1 on each squeezed axis",
+                       found=f"{d} (input {shape_text(x.shape)})")
+        keep = [d for i, d in enumerate(x.shape) if i not in axes]
+    _set(n, 0, x.elem_type, keep, _reshaped_value(x, keep, x.elem_type))
+
+
+@register("Unsqueeze", 1, 11, 13, *_LATEST)
+def unsqueeze(ctx, n) -> None:
+    x = n.input(0)
+    axes, known = _axes_arg(n, 13)
+    if n.version < 13 and axes is None:
+        n.fail("Unsqueeze", "attribute axes is required", subject="attribute axes", expected="a list of axes",
+               found="none")
+    if n.version >= 13 and not n.has_input(1):
+        n.fail("Unsqueeze", "input axes is required", subject="input axes", expected="an axes tensor",
+               found="none")
+    if x.shape is None:
+        _set(n, 0, x.elem_type, None)
+        return
+    if not known:
+        k = _rank_only(n.input(1))
+        _set(n, 0, x.elem_type, None if k is None else (None,) * (len(x.shape) + k))
+        return
+    out_rank = len(x.shape) + len(axes)
+    axes = set(norm_axes(n, "Unsqueeze", axes, out_rank, "axes"))
+    it = iter(x.shape)
+    out = [1 if i in axes else next(it) for i in range(out_rank)]
+    _set(n, 0, x.elem_type, out, _reshaped_value(x, out, x.elem_type))
+
+
+# ---------------------------------------------------------------- Concat / Split
+def _unknown_entries(shape) -> np.ndarray | None:
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        return None
+    return np.full(tuple(shape), None, dtype=object)
+
+
+def concat_shape(n, rule: str, shapes, axis: int, names=None) -> tuple | None:
+    """Shape of the concatenation of ``shapes`` on ``axis`` (validates ranks and other dims).
+
+    ``names`` name the inputs in messages (default ``#0``, ``#1`` ...).
+    """
+    known = [s for s in shapes if s is not None]
+    if not known:
+        return None
+    r = len(known[0])
+    for i, s in enumerate(shapes):
+        if s is not None and len(s) != r:
+            name = names[i] if names else f"#{i}"
+            n.fail(rule, "inputs must have the same rank", subject=f"input {name}", expected=f"rank {r}",
+                   found=f"rank {len(s)} {shape_text(s)}")
+    axis = norm_axis(n, rule, int(axis), r)
+    out: list[DimLike] = []
+    for j in range(r):
+        if j == axis:
+            if len(known) != len(shapes):
+                out.append(None)
+                continue
+            total: DimLike = 0
+            for s in known:
+                total = dims.add(total, s[j])
+            out.append(total)
+            continue
+        d: DimLike = None
+        for i, s in enumerate(shapes):
+            if s is None:
+                continue
+            if isinstance(d, int) and isinstance(s[j], int) and d != s[j]:
+                name = names[i] if names else f"#{i}"
+                n.fail(rule, f"dim {j} differs between inputs", subject=f"input {name}",
+                       expected=f"{d} on axis {j}", found=f"{s[j]} ({shape_text(s)})")
+            d = merge_dim(d, s[j])
+        out.append(d)
+    return tuple(out)
+
+
+@register("Concat", 4, 11, 13)
+def concat(ctx, n) -> None:
+    infos = [n.input(i) for i in range(len(n.node.input))]
+    t = check_same_type(n, "Concat", infos)
+    axis = n.attr("axis")
+    if axis is None:
+        n.fail("Concat", "attribute axis is required", subject="attribute axis", expected="an axis", found="none")
+    out = concat_shape(n, "Concat", [i.shape for i in infos], axis)
+    value = None
+    if out is not None and all(isinstance(d, int) for d in out) and product(out) <= MAX_VALUE_ELEMS \
+            and any(_small(i) for i in infos):
+        # an input without a value but with a known shape contributes unknown (None) entries
+        if len(out) == 1:  # the shape-arithmetic case: joining 1-D values
+            flat: list = []
+            for i in infos:
+                if _small(i):
+                    flat.extend(i.value.tolist())
+                elif i.shape is not None and isinstance(i.shape[0], int):
+                    flat.extend([None] * i.shape[0])
+                else:
+                    flat = None
+                    break
+            value = None if flat is None else make_value(flat, out, t)
+        else:
+            vals = [i.value if _small(i) else _unknown_entries(i.shape) for i in infos]
+            if any(v is None for v in vals):
+                vals = []
+            elif any(v.dtype.kind == "O" for v in vals):
+                vals = [as_object(v) for v in vals]
+            try:
+                value = tidy(np.concatenate(vals, axis=norm_axis(n, "Concat", int(axis), len(out))), t) if vals else None
+            except ValueError:
+                value = None
+    _set(n, 0, t, out, value)
+
+
+@register("Split", 2, 11, 13, 18)
+def split(ctx, n) -> None:
+    x = n.input(0)
+    k = len(n.node.output)
+    axis = int(n.attr("axis", 0))
+    if n.version < 13:
+        s = n.attr("split")
+        split_sizes, known = (None if s is None else [int(v) for v in s]), True
+    elif n.has_input(1):
+        split_sizes = entries(n.input(1))
+        known = split_sizes is not None
+    else:
+        split_sizes, known = None, True
+    num_outputs = n.attr("num_outputs") if n.version >= 18 else None
+    if num_outputs is not None:
+        if split_sizes is not None or (n.has_input(1) and not known):
+            n.fail("Split", "split and num_outputs cannot both be given", subject="attribute num_outputs",
+                   expected="one of them", found="both")
+        if int(num_outputs) != k:
+            n.fail("Split", "num_outputs must equal the number of outputs", subject="attribute num_outputs",
+                   expected=k, found=num_outputs)
+    if x.shape is None:
+        for i in range(k):
+            _set(n, i, x.elem_type, None)
+        return
+    r = len(x.shape)
+    axis = norm_axis(n, "Split", axis, r)
+    d = x.shape[axis]
+    if split_sizes is not None:
+        if len(split_sizes) != k:
+            n.fail("Split", "one split size per output", subject="split", expected=f"{k} sizes",
+                   found=split_sizes)
+        if all(isinstance(s, int) for s in split_sizes):
+            if any(s < 0 for s in split_sizes):
+                n.fail("Split", "split sizes must not be negative", subject="split", expected=">= 0 each",
+                       found=split_sizes)
+            if isinstance(d, int) and sum(split_sizes) != d:
+                n.fail("Split", "split sizes must add up to the split dim", subject="split",
+                       expected=f"sum {d} (input {shape_text(x.shape)})", found=split_sizes)
+        sizes: list[DimLike] = list(split_sizes)
+    elif not known:
+        sizes = [None] * k
+    elif num_outputs is not None:
+        if isinstance(d, int) and d < k:
+            n.fail("Split", "num_outputs exceeds the split dim", subject="attribute num_outputs",
+                   expected=f"<= {d}", found=k)
+        chunk = dims.ceildiv(d, k)
+        sizes = [chunk] * (k - 1) + [dims.sub(d, dims.mul(chunk, k - 1))]
+    else:
+        if isinstance(d, int) and d % k:
+            n.fail("Split", f"dim {d} does not split evenly into {k} outputs", subject="input input",
+                   expected=f"a multiple of {k}", found=f"{d} ({shape_text(x.shape)})")
+        sizes = [dims.floordiv(d, k)] * k
+    values: list = [None] * k
+    if _small(x) and all(isinstance(s, int) for s in sizes):
+        cuts = np.cumsum(sizes)[:-1]
+        values = np.split(x.value, cuts, axis=axis)
+    for i, s in enumerate(sizes):
+        shape = list(x.shape)
+        shape[axis] = s
+        _set(n, i, x.elem_type, shape, values[i])
+
+
+# ---------------------------------------------------------------- Slice
+def _clamp(v: int, lo: int, hi: int) -> int:
+    return lo if v < lo else hi if v > hi else v
+
+
+def slice_bounds(d: int, start: int, end: int, step: int) -> tuple[int, int]:
+    """ONNX's clamped (start, end) for a known dim ``d``."""
+    if start < 0:
+        start += d
+    if end < 0:
+        end += d
+    if step > 0:
+        return _clamp(start, 0, d), _clamp(end, 0, d)
+    return _clamp(start, 0, d - 1), _clamp(end, -1, d - 1)
+
+
+def slice_dim(d: DimLike, start: DimLike, end: DimLike, step: int) -> DimLike:
+    """Output size of one sliced axis; symbolic where the clamping can be written exactly."""
+    if d == 0:
+        return 0
+    if isinstance(d, int) and isinstance(start, int) and isinstance(end, int):
+        s, e = slice_bounds(d, start, end, step)
+        if step > 0:
+            return max(0, -((s - e) // step))
+        return max(0, -((e - s) // -step))
+    if d is None or start is None or end is None:
+        return None
+    if step > 0:
+        # start: a nonneg offset "a" from the front, or "d + c" (c < 0) from the back
+        if isinstance(start, int) and start >= BIG:
+            return 0
+        if isinstance(end, int) and end <= -BIG:
+            return 0
+        end_to_d = (isinstance(end, int) and end >= BIG) or end == d
+        if nonneg(start) and not isinstance(start, int) and end_to_d:
+            return dims.ceildiv(max0(dims.sub(d, start)), step)
+        if isinstance(start, int) and start >= 0:
+            if end_to_d:
+                return dims.ceildiv(max0(dims.sub(d, start)), step)
+            if isinstance(end, int) and end < 0:  # d + end - start
+                return dims.ceildiv(max0(dims.sub(dims.add(d, end), start)), step)
+            if isinstance(end, int) and end >= 0:  # min(max(d - start, 0), end - start)
+                if end <= start:
+                    return 0
+                return dims.ceildiv(dim_min(max0(dims.sub(d, start)), end - start), step)
+            return None
+        if isinstance(start, int) and start < 0 and end_to_d:  # min(-start, d)
+            return dims.ceildiv(dim_min(-start, d), step)
+        return None
+    # negative step: only the whole-axis reversal is written symbolically
+    if ((isinstance(start, int) and (start >= BIG or start == -1)) and isinstance(end, int) and end <= -BIG):
+        return dims.ceildiv(d, -step)
+    return None
+
+
+@register("Slice", 1, 10, 11, 13)
+def slice_rule(ctx, n) -> None:
+    data = n.input(0)
+    t = data.elem_type
+    if n.version < 10:
+        starts, ends, axes, steps = n.attr("starts"), n.attr("ends"), n.attr("axes"), None
+        starts = None if starts is None else [int(v) for v in starts]
+        ends = None if ends is None else [int(v) for v in ends]
+        axes_known = True
+    else:
+        starts, ends = entries(n.input(1)), entries(n.input(2))
+        axes = entries(n.input(3)) if n.has_input(3) else None
+        axes_known = axes is not None or not n.has_input(3)
+        steps = entries(n.input(4)) if n.has_input(4) else None
+        if n.has_input(4) and steps is None:
+            starts = None  # unknown steps: only the rank is known
+    if data.shape is None:
+        _set(n, 0, t, None)
+        return
+    r = len(data.shape)
+    if starts is None or ends is None or not axes_known:
+        out = list(data.shape)
+        if axes is not None and axes_known and all(isinstance(a, int) for a in axes):
+            for a in norm_axes(n, "Slice", axes, r, "axes"):
+                out[a] = None
+        else:
+            out = [None] * r
+        _set(n, 0, t, out)
+        return
+    if len(starts) != len(ends):
+        n.fail("Slice", "starts and ends must have the same length", subject="ends",
+               expected=f"{len(starts)} entries", found=f"{len(ends)}")
+    if axes is None:
+        axes = list(range(len(starts)))
+    if len(axes) != len(starts) or not all(isinstance(a, int) for a in axes):
+        n.fail("Slice", "one axis per start", subject="axes", expected=f"{len(starts)} int axes", found=axes)
+    axes = norm_axes(n, "Slice", axes, r, "axes")
+    if steps is None:
+        steps = [1] * len(starts)
+    if len(steps) != len(starts):
+        n.fail("Slice", "one step per start", subject="steps", expected=f"{len(starts)} entries", found=steps)
+    out = list(data.shape)
+    concrete = True
+    for a, s, e, st in zip(axes, starts, ends, steps):
+        if not isinstance(st, int):
+            out[a] = None
+            concrete = False
+            continue
+        if st == 0:
+            n.fail("Slice", "steps cannot be 0", subject="steps", expected="non-zero steps", found=steps)
+        out[a] = slice_dim(data.shape[a], s, e, st)
+        concrete = concrete and isinstance(s, int) and isinstance(e, int)
+    value = None
+    if _small(data) and concrete:
+        v = data.value
+        for a, s, e, st in zip(axes, starts, ends, steps):
+            lo, hi = slice_bounds(v.shape[a], s, e, st)
+            v = np.take(v, np.arange(lo, hi, st, dtype=np.int64), axis=a)
+        value = tidy(v, t)
+    _set(n, 0, t, out, value)
+
+
+# ---------------------------------------------------------------- Gather / GatherElements
+def _check_indices(n, rule: str, info: TensorInfo, what: str = "input indices") -> None:
+    if info.elem_type and info.elem_type not in (TensorProto.INT32, TensorProto.INT64):
+        n.report(rule, "indices must be int32 or int64", subject=what, expected="int32 or int64",
+                 found=type_text(info.elem_type))
+
+
+@register("Gather", 1, 11, 13)
+def gather(ctx, n) -> None:
+    data, idx = n.input(0), n.input(1)
+    _check_indices(n, "Gather", idx)
+    t = data.elem_type
+    if data.shape is None:
+        _set(n, 0, t, None)
+        return
+    r = len(data.shape)
+    if r < 1:
+        n.fail("Gather", "data must have rank >= 1", subject="input data", expected="rank >= 1", found="rank 0")
+    axis = norm_axis(n, "Gather", int(n.attr("axis", 0)), r)
+    if idx.shape is None:
+        _set(n, 0, t, None)
+        return
+    out = data.shape[:axis] + idx.shape + data.shape[axis + 1:]
+    value = None
+    iv = numeric(idx)
+    if _small(data) and iv is not None and iv.dtype.kind in "iu" and iv.size <= MAX_VALUE_ELEMS:
+        size = data.value.shape[axis]
+        picks = iv.reshape(-1).tolist()
+        if any(i < -size or i >= size for i in picks):
+            n.fail("Gather", "index out of range", subject="input indices", expected=f"indices in [{-size}, {size - 1}]",
+                   found=picks)
+        if data.value.ndim == 1:  # the shape-arithmetic case: pick entries of a 1-D value
+            flat = data.value.tolist()
+            value = make_value([flat[i] for i in picks], iv.shape, t)
+        else:
+            taken = np.take(data.value, np.where(iv < 0, iv + size, iv), axis=axis)
+            value = tidy(taken if isinstance(taken, np.ndarray) else np.array(taken, dtype=data.value.dtype), t)
+    _set(n, 0, t, out, value)
+
+
+@register("GatherElements", 11, 13)
+def gather_elements(ctx, n) -> None:
+    data, idx = n.input(0), n.input(1)
+    _check_indices(n, "GatherElements", idx)
+    if data.shape is not None and idx.shape is not None and len(data.shape) != len(idx.shape):
+        n.fail("GatherElements", "indices must have the rank of data", subject="input indices",
+               expected=f"rank {len(data.shape)}", found=f"rank {len(idx.shape)}")
+    if data.shape is not None:
+        norm_axis(n, "GatherElements", int(n.attr("axis", 0)), len(data.shape))
+    _set(n, 0, data.elem_type, idx.shape)
+
+
+# ---------------------------------------------------------------- Expand / Tile / Pad
+@register("Expand", 8, 13)
+def expand(ctx, n) -> None:
+    x, shape_info = n.input(0), n.input(1)
+    target = entries(shape_info)
+    if target is None:
+        k = _rank_only(shape_info)
+        if k is None or x.shape is None:
+            _set(n, 0, x.elem_type, None)
+            return
+        target = [None] * k
+    if x.shape is None:
+        _set(n, 0, x.elem_type, None)
+        return
+    try:
+        out = broadcast_shapes([x.shape, target])
+    except ValueError:
+        n.fail("Expand", "input and shape do not broadcast", subject="input shape",
+               expected=f"broadcastable with {shape_text(x.shape)}", found=shape_text(target))
+    value = None
+    if _small(x) and all(isinstance(d, int) for d in out) and product(out) <= MAX_VALUE_ELEMS:
+        value = tidy(np.broadcast_to(x.value, out).copy(), x.elem_type)
+    _set(n, 0, x.elem_type, out, value)
+
+
+@register("Tile", 6, 13)
+def tile(ctx, n) -> None:
+    x = n.input(0)
+    reps = entries(n.input(1))
+    if x.shape is None:
+        _set(n, 0, x.elem_type, None)
+        return
+    r = len(x.shape)
+    if reps is None:
+        _set(n, 0, x.elem_type, (None,) * r)
+        return
+    if len(reps) != r:
+        n.fail("Tile", "one repeat per input axis", subject="input repeats", expected=f"{r} entries", found=reps)
+    out = [dims.mul(d, k) for d, k in zip(x.shape, reps)]
+    value = None
+    if _small(x) and all(isinstance(k, int) for k in reps) and product(out) <= MAX_VALUE_ELEMS:
+        value = tidy(np.tile(x.value, reps), x.elem_type)
+    _set(n, 0, x.elem_type, out, value)
+
+
+@register("Pad", 2, 11, 13, 18, 19, *_LATEST)
+def pad(ctx, n) -> None:
+    x = n.input(0)
+    t = x.elem_type
+    if x.shape is None:
+        _set(n, 0, t, None)
+        return
+    r = len(x.shape)
+    if n.version < 11:
+        p = n.attr("pads")
+        pads = None if p is None else [int(v) for v in p]
+        if pads is None:
+            n.fail("Pad", "attribute pads is required", subject="attribute pads", expected="2 * rank ints",
+                   found="none")
+    else:
+        pads = entries(n.input(1))
+    axes: list | None = None
+    if n.version >= 18 and n.has_input(3):
+        axes = entries(n.input(3))
+        if axes is None or not all(isinstance(a, int) for a in axes):
+            _set(n, 0, t, (None,) * r)
+            return
+    if pads is None:
+        _set(n, 0, t, (None,) * r)
+        return
+    axes = list(range(r)) if axes is None else norm_axes(n, "Pad", axes, r, "input axes")
+    if len(pads) != 2 * len(axes):
+        n.fail("Pad", "two pads (begin, end) per padded axis", subject="pads", expected=f"{2 * len(axes)} entries",
+               found=f"{len(pads)} {pads}")
+    out = list(x.shape)
+    k = len(axes)
+    for i, a in enumerate(axes):
+        d = dims.add(dims.add(out[a], pads[i]), pads[i + k])
+        if isinstance(d, int) and d < 0:
+            n.fail("Pad", f"axis {a} would have a negative size", subject="pads", expected="sizes >= 0",
+                   found=f"{x.shape[a]} + {pads[i]} + {pads[i + k]}")
+        out[a] = d
+    _set(n, 0, t, out)
+
+
+# ---------------------------------------------------------------- Resize
+def _present(n, i: int) -> TensorInfo | None:
+    """An optional input that is given and not an empty tensor."""
+    if not n.has_input(i):
+        return None
+    info = n.input(i)
+    if info.shape is not None and len(info.shape) == 1 and info.shape[0] == 0:
+        return None
+    return info
+
+
+def _resize_dim(d: DimLike, scale: float) -> DimLike:
+    if isinstance(d, int):
+        return int(math.floor(float(np.float32(d) * np.float32(scale))))
+    if d is None:
+        return None
+    s = float(np.float32(scale))
+    if s.is_integer() and s >= 1:
+        return dims.mul(d, int(s))
+    if s > 0 and (1 / s).is_integer() and float(np.float32(1 / (1 / s))) == s:
+        return dims.floordiv(d, int(1 / s))
+    return None
+
+
+@register("Resize", 10, 11, 13, 18, 19)
+def resize(ctx, n) -> None:
+    x = n.input(0)
+    t = x.elem_type
+    if x.shape is None:
+        _set(n, 0, t, None)
+        return
+    r = len(x.shape)
+    if n.version < 11:
+        scales_info, sizes_info = n.input(1), None
+    else:
+        scales_info, sizes_info = _present(n, 2), _present(n, 3)
+    axes = n.attr("axes") if n.version >= 18 else None
+    axes = list(range(r)) if axes is None else norm_axes(n, "Resize", [int(a) for a in axes], r, "attribute axes")
+    out = list(x.shape)
+    if sizes_info is not None:
+        if scales_info is not None and n.version >= 11:
+            n.fail("Resize", "only one of scales and sizes may be given", subject="inputs",
+                   expected="scales or sizes", found="both")
+        sizes = entries(sizes_info)
+        if sizes is None:
+            for a in axes:
+                out[a] = None
+            _set(n, 0, t, out)
+            return
+        if len(sizes) != len(axes):
+            n.fail("Resize", "one size per resized axis", subject="input sizes", expected=f"{len(axes)} entries",
+                   found=sizes)
+        policy = n.attr("keep_aspect_ratio_policy", b"stretch") if n.version >= 18 else b"stretch"
+        policy = policy.decode() if isinstance(policy, bytes) else str(policy)
+        if policy == "stretch":
+            for a, s in zip(axes, sizes):
+                out[a] = s
+        else:
+            ins = [x.shape[a] for a in axes]
+            if not all(isinstance(v, int) for v in ins + sizes):
+                for a in axes:
+                    out[a] = None
+            else:
+                ratios = [np.float32(s) / np.float32(d) for s, d in zip(sizes, ins)]
+                scale = min(ratios) if policy == "not_larger" else max(ratios)
+                for a, d in zip(axes, ins):
+                    v = float(np.float32(scale) * np.float32(d))
+                    out[a] = int(math.floor(v + 0.5))
+        _set(n, 0, t, out)
+        return
+    if scales_info is None:
+        n.fail("Resize", "one of scales and sizes is required", subject="inputs", expected="scales or sizes",
+               found="neither")
+    scales = numeric(scales_info)
+    if scales is None:
+        for a in axes:
+            out[a] = None
+        _set(n, 0, t, out)
+        return
+    scales = [float(s) for s in scales.reshape(-1)]
+    if len(scales) != len(axes):
+        n.fail("Resize", "one scale per resized axis", subject="input scales", expected=f"{len(axes)} entries",
+               found=scales)
+    for a, s in zip(axes, scales):
+        if s <= 0:
+            n.fail("Resize", "scales must be positive", subject="input scales", expected="> 0", found=scales)
+        out[a] = _resize_dim(x.shape[a], s)
+    _set(n, 0, t, out)
+
+
+# ---------------------------------------------------------------- Shape / Size
+@register("Shape", 1, 13, 15, 19, *_LATEST)
+def shape_rule(ctx, n) -> None:
+    x = n.input(0)
+    if x.shape is None:
+        _set(n, 0, INT64, (None,))
+        return
+    r = len(x.shape)
+    start, end = 0, r
+    if n.version >= 15:
+        start = int(n.attr("start", 0))
+        end = n.attr("end")
+        end = r if end is None else int(end)
+        start = _clamp(start + r if start < 0 else start, 0, r)
+        end = _clamp(end + r if end < 0 else end, 0, r)
+    picked = list(x.shape[start:end]) if end > start else []
+    _set(n, 0, INT64, (len(picked),), make_value(picked, (len(picked),), INT64))
+
+
+@register("Size", 1, 13, 19, *_LATEST)
+def size_rule(ctx, n) -> None:
+    x = n.input(0)
+    total = x.numel()
+    _set(n, 0, INT64, (), None if total is None else make_value([total], (), INT64))
+
+
+# ---------------------------------------------------------------- constants
+@register("ConstantOfShape", 9, 20, *_LATEST)
+def constant_of_shape(ctx, n) -> None:
+    shape_info = n.input(0)
+    fill = n.attr("value")
+    t = fill.data_type if fill is not None else TensorProto.FLOAT
+    target = entries(shape_info)
+    if target is None:
+        k = _rank_only(shape_info)
+        _set(n, 0, t, None if k is None else (None,) * k)
+        return
+    for d in target:
+        if isinstance(d, int) and d < 0:
+            n.fail("ConstantOfShape", "dims must not be negative", subject="input input", expected=">= 0 each",
+                   found=target)
+    value = None
+    if all(isinstance(d, int) for d in target) and product(target) <= MAX_VALUE_ELEMS:
+        try:
+            scalar = numpy_helper.to_array(fill).reshape(-1)[0] if fill is not None else np.float32(0)
+            value = tidy(np.full(tuple(target), scalar), t)
+        except Exception:  # exotic element types: shape only
+            value = None
+    _set(n, 0, t, target, value)
+
+
+def _decode(tensor) -> np.ndarray | None:
+    count = 1
+    for d in tensor.dims:
+        count *= d
+    if count > CONST_DECODE_ELEMS or tensor.data_location == TensorProto.EXTERNAL:
+        return None
+    try:
+        return numpy_helper.to_array(tensor)
+    except Exception:  # unsupported or malformed payload: shape and type still hold
+        return None
+
+
+@register("Constant", 1, 9, 11, 12, 13, 19, *_LATEST)
+def constant(ctx, n) -> None:
+    names = n.attr_names()
+    if len(names) != 1:
+        n.fail("Constant", "exactly one value attribute is required", subject="attributes",
+               expected="one of value, sparse_value, value_*", found=names or "none")
+    name = names[0]
+    a = n.attr(name)
+    if name == "value":
+        _set(n, 0, a.data_type, tuple(a.dims), _decode(a))
+    elif name == "sparse_value":
+        _set(n, 0, a.values.data_type, tuple(a.dims))
+    elif name == "value_int":
+        _set(n, 0, INT64, (), np.array(a, dtype=np.int64))
+    elif name == "value_ints":
+        _set(n, 0, INT64, (len(a),), np.array(a, dtype=np.int64).reshape(len(a)))
+    elif name == "value_float":
+        _set(n, 0, TensorProto.FLOAT, (), np.array(a, dtype=np.float32))
+    elif name == "value_floats":
+        _set(n, 0, TensorProto.FLOAT, (len(a),), np.array(a, dtype=np.float32).reshape(len(a)))
+    elif name == "value_string":
+        _set(n, 0, TensorProto.STRING, ())
+    elif name == "value_strings":
+        _set(n, 0, TensorProto.STRING, (len(a),))
+    else:
+        n.fail("Constant", "unknown value attribute", subject=f"attribute {name}",
+               expected="value, sparse_value or value_*", found=name)
+
+
+def _scalar(info: TensorInfo):
+    """The single entry of a 1-element value: int/float, Dim, or None."""
+    v = info.value
+    if v is None or v.size != 1:
+        return None
+    x = v.reshape(-1)[0]
+    if v.dtype.kind == "O":
+        return x
+    return int(x) if v.dtype.kind in "iu" else float(x)
+
+
+@register("Range", 11, 27)
+def range_rule(ctx, n) -> None:
+    infos = [n.input(0), n.input(1), n.input(2)]
+    t = check_same_type(n, "Range", infos, ("start", "limit", "delta"))
+    for info, name in zip(infos, ("start", "limit", "delta")):
+        if info.shape is not None and len(info.shape) > 1:
+            n.fail("Range", f"{name} must be a scalar", subject=f"input {name}", expected="rank 0",
+                   found=shape_text(info.shape))
+    start, limit, delta = (_scalar(i) for i in infos)
+    length: DimLike = None
+    value = None
+    if delta == 0:
+        n.fail("Range", "delta cannot be 0", subject="input delta", expected="non-zero", found=0)
+    if all(isinstance(v, (int, float)) for v in (start, limit, delta)):
+        length = max(int(math.ceil((limit - start) / delta)), 0)
+        if length <= MAX_VALUE_ELEMS:
+            value = tidy(np.arange(length) * np.array(delta) + np.array(start), t) if t else None
+    elif isinstance(delta, int) and start is not None and limit is not None and not isinstance(start, float) \
+            and not isinstance(limit, float):
+        if delta > 0:
+            length = max0(dims.ceildiv(dims.sub(limit, start), delta))
+        else:
+            length = max0(dims.ceildiv(dims.sub(start, limit), -delta))
+        if length is not None and not nonneg(length):
+            length = None
+    _set(n, 0, t, (length,), value)
+
+
+# ---------------------------------------------------------------- Einsum
+def _einsum_terms(n, equation: str):
+    eq = equation.replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    return lhs.split(","), (rhs if arrow else None)
+
+
+@register("Einsum", 12, 28)
+def einsum(ctx, n) -> None:
+    infos = [n.input(i) for i in range(len(n.node.input))]
+    t = check_same_type(n, "Einsum", infos)
+    eq = n.attr("equation")
+    if eq is None:
+        n.fail("Einsum", "attribute equation is required", subject="attribute equation", expected="an equation",
+               found="none")
+    eq = eq.decode() if isinstance(eq, bytes) else str(eq)
+    terms, rhs = _einsum_terms(n, eq)
+    if len(terms) != len(infos):
+        n.fail("Einsum", "one equation term per input", subject="attribute equation",
+               expected=f"{len(infos)} terms", found=f"{len(terms)} in {eq!r}")
+    if any(i.shape is None for i in infos):
+        _set(n, 0, t, None)
+        return
+    labels: dict[str, DimLike] = {}
+    counts: dict[str, int] = {}
+    ellipsis: tuple | None = None
+    for i, (term, info) in enumerate(zip(terms, infos)):
+        shape = info.shape
+        letters = term.replace("...", "")
+        has_ell = "..." in term
+        if (len(letters) > len(shape)) or (not has_ell and len(letters) != len(shape)):
+            n.fail("Einsum", f"term {term!r} does not match the rank of input #{i}", subject=f"input #{i}",
+                   expected=f"rank {len(letters)}{'+' if has_ell else ''}", found=f"rank {len(shape)}")
+        ell_rank = len(shape) - len(letters)
+        pos = 0
+        for ch in term.replace("...", "."):
+            if ch == ".":
+                ell_dims = tuple(shape[pos:pos + ell_rank])
+                try:
+                    ellipsis = ell_dims if ellipsis is None else broadcast_shapes([ellipsis, ell_dims])
+                except ValueError:
+                    n.fail("Einsum", "ellipsis dims do not broadcast", subject=f"input #{i}",
+                           expected=shape_text(ellipsis), found=shape_text(ell_dims))
+                pos += ell_rank
+                continue
+            d = shape[pos]
+            pos += 1
+            counts[ch] = counts.get(ch, 0) + 1
+            if ch in labels:
+                prev = labels[ch]
+                if isinstance(prev, int) and isinstance(d, int) and prev != d and 1 not in (prev, d):
+                    n.fail("Einsum", f"label {ch!r} has two sizes", subject=f"input #{i}", expected=prev, found=d)
+                labels[ch] = d if prev == 1 else merge_dim(prev, d)
+            else:
+                labels[ch] = d
+    if rhs is None:
+        out_letters = "".join(sorted(c for c, k in counts.items() if k == 1))
+        out = list(ellipsis or ()) + [labels[c] for c in out_letters]
+    else:
+        out = []
+        for part in rhs.replace("...", "."):
+            if part == ".":
+                out.extend(ellipsis or ())
+            elif part in labels:
+                out.append(labels[part])
+            else:
+                n.fail("Einsum", f"output label {part!r} is not in any input term", subject="attribute equation",
+                       expected="labels of the inputs", found=eq)
+    _set(n, 0, t, out)
+
+
+# ---------------------------------------------------------------- TopK / ArgMax
+@register("TopK", 1, 10, 11, 24)
+def topk(ctx, n) -> None:
+    x = n.input(0)
+    if n.version < 10:
+        k = n.attr("k")
+    else:
+        kin = n.input(1)
+        if kin.shape is not None and kin.shape not in ((1,), ()):
+            n.fail("TopK", "K must be a 1-element tensor", subject="input K", expected="shape [1]",
+                   found=shape_text(kin.shape))
+        k = _scalar(kin)
+    if x.shape is None:
+        _set(n, 0, x.elem_type, None)
+        _set(n, 1, INT64, None)
+        return
+    r = len(x.shape)
+    axis = norm_axis(n, "TopK", int(n.attr("axis", -1)), r)
+    if isinstance(k, int):
+        if k < 0:
+            n.fail("TopK", "K must not be negative", subject="input K", expected=">= 0", found=k)
+        d = x.shape[axis]
+        if isinstance(d, int) and k > d:
+            n.fail("TopK", "K exceeds the axis size", subject="input K", expected=f"<= {d}", found=k)
+    out = list(x.shape)
+    out[axis] = None if isinstance(k, float) else k
+    _set(n, 0, x.elem_type, out)
+    _set(n, 1, INT64, out)
+
+
+def _reduced(shape, axes, keepdims: bool):
+    return [1 if i in axes else d for i, d in enumerate(shape)] if keepdims else \
+        [d for i, d in enumerate(shape) if i not in axes]
+
+
+@register("ArgMax", 1, 11, 12, 13)
+def argmax(ctx, n) -> None:
+    x = n.input(0)
+    keepdims = bool(n.attr("keepdims", 1))
+    if x.shape is None:
+        _set(n, 0, INT64, None)
+        return
+    axis = norm_axis(n, "ArgMax", int(n.attr("axis", 0)), len(x.shape))
+    _set(n, 0, INT64, _reduced(x.shape, {axis}, keepdims))
+
+
+# ---------------------------------------------------------------- reductions
+_AXES_INPUT_SINCE = {"ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18, "ReduceMin": 18}
+
+
+def reduce_rule(ctx, n) -> None:
+    rule = n.node.op_type
+    x = n.input(0)
+    t = x.elem_type
+    keepdims = bool(n.attr("keepdims", 1))
+    from_input = n.version >= _AXES_INPUT_SINCE[rule]
+    noop = from_input and bool(n.attr("noop_with_empty_axes", 0))
+    known = True
+    if from_input:
+        if n.has_input(1):
+            axes = entries(n.input(1))
+            if axes is None or not all(isinstance(a, int) for a in axes):
+                known = False
+        else:
+            axes = []
+    else:
+        a = n.attr("axes")
+        axes = [] if a is None else [int(v) for v in a]
+    if x.shape is None:
+        _set(n, 0, t, None)
+        return
+    r = len(x.shape)
+    if not known:
+        if keepdims:
+            _set(n, 0, t, (None,) * r)
+        else:
+            k = _rank_only(n.input(1))
+            _set(n, 0, t, None if k is None else (None,) * (r - k))
+        return
+    if not axes:
+        if noop:
+            _set(n, 0, t, x.shape, x.value)
+            return
+        axes_set = set(range(r))
+    else:
+        axes_set = set(norm_axes(n, rule, axes, r, "axes"))
+    _set(n, 0, t, _reduced(x.shape, axes_set, keepdims))
+
+
+register("ReduceMean", 1, 11, 13, 18)(reduce_rule)
+register("ReduceSum", 1, 11, 13)(reduce_rule)
+register("ReduceMax", 1, 11, 12, 13, 18, 20)(reduce_rule)
+register("ReduceMin", 1, 11, 12, 13, 18, 20)(reduce_rule)
