@@ -1,0 +1,561 @@
+"""Planning: from a loaded spec, a node's shapes/dtypes and a device to a KernelPlan.
+
+``plan_node`` evaluates the spec's ``derive`` blocks, checks dtypes and shapes, selects
+a variant (rule in docs/kernel-spec.md, "Selection"), sizes the buffers, lays out the
+uniform structs, resolves every pass's bindings and dispatch, and checks the device
+limits, raising a clear error instead of letting wgpu crash. Pure Python: no wgpu.
+
+The result is a :class:`NodePlan`, a :class:`~backend_wgpu.plan.KernelPlan` that also
+remembers what decided the variant (for :func:`describe` / ``onnx-quant explain``).
+"""
+
+from __future__ import annotations
+
+import math
+import struct as _struct
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS, DeviceInfo
+from backend_wgpu.expr import Env, Expr, evaluate_value, type_name
+from backend_wgpu.plan import BindingPlan, BufferPlan, KernelPlan, PassPlan
+from backend_wgpu.spec import (
+    Derive, KernelSpec, Pass, PassBinding, StructMember, Variant, wgsl_scalar_of, wgsl_type_layout,
+)
+from onnx_quant.dtypes import UnknownElementType, element_type
+from onnx_quant.errors import ExecutionError, ExpressionError, SpecError
+
+__all__ = [
+    "plan_node", "describe", "NodePlan", "UniformField", "UniformLayout", "uniform_layout",
+    "pack_uniform", "packed_byte_size", "default_element_type", "uniform_buffer_name",
+]
+
+
+# --------------------------------------------------------------------------- uniform layout
+
+
+@dataclass(frozen=True)
+class UniformField:
+    """One member of a uniform struct: byte ``offset``, ``size`` and ``align``."""
+
+    name: str
+    type: str
+    offset: int
+    size: int
+    align: int
+
+
+@dataclass(frozen=True)
+class UniformLayout:
+    """A uniform struct laid out by WGSL rules.
+
+    Each member sits at the next multiple of its alignment (4 for 32-bit scalars, 2 for
+    f16; vec2 twice the scalar; vec3 and vec4 four times); ``struct_size`` is the end of
+    the last member rounded up to the struct alignment (WGSL ``SizeOf``); ``size`` (the
+    buffer size) is that rounded up to 16 bytes.
+    """
+
+    fields: tuple[UniformField, ...]
+    struct_size: int
+    align: int
+    size: int
+
+    def offset_of(self, name: str) -> int:
+        for f in self.fields:
+            if f.name == name:
+                return f.offset
+        raise KeyError(name)
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def uniform_layout(members: Iterable[StructMember | tuple[str, str]]) -> UniformLayout:
+    """Lay out uniform struct ``members`` (StructMember or (name, wgsl type) pairs)."""
+    fields: list[UniformField] = []
+    offset = 0
+    align = 1
+    for m in members:
+        name, wtype = (m.name, m.type) if isinstance(m, StructMember) else (m[0], m[1])
+        info = wgsl_type_layout(wtype)
+        if info is None:
+            raise ValueError(f"member {name!r}: {wtype!r} is not a uniform member type")
+        size, a = info
+        offset = _round_up(offset, a)
+        fields.append(UniformField(name, wtype, offset, size, a))
+        offset += size
+        align = max(align, a)
+    struct_size = _round_up(offset, align) if fields else 0
+    return UniformLayout(tuple(fields), struct_size, align, max(16, _round_up(struct_size, 16)))
+
+
+_SCALAR_PACK = {"u32": "<I", "i32": "<i", "f32": "<f", "f16": "<e"}
+_INT_RANGE = {"u32": (0, 2**32 - 1), "i32": (-(2**31), 2**31 - 1)}
+
+
+def _pack_scalar(scalar: str, v: Any, what: str) -> bytes:
+    if scalar in _INT_RANGE:
+        if isinstance(v, bool):
+            v = int(v)
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if not isinstance(v, int):
+            raise ValueError(f"{what}: {scalar} needs an int, found {type_name(v)} {v!r}")
+        lo, hi = _INT_RANGE[scalar]
+        if not lo <= v <= hi:
+            raise ValueError(f"{what}: {v} does not fit in {scalar} [{lo}, {hi}]")
+        return _struct.pack(_SCALAR_PACK[scalar], v)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"{what}: {scalar} needs a number, found {type_name(v)} {v!r}")
+    try:
+        return _struct.pack(_SCALAR_PACK[scalar], float(v))
+    except (OverflowError, _struct.error):
+        raise ValueError(f"{what}: {v!r} is out of range for {scalar}") from None
+
+
+def pack_uniform(layout: UniformLayout, values: Mapping[str, Any]) -> bytes:
+    """The bytes of a uniform buffer (``layout.size`` long, padding zero).
+
+    u32/i32 take ints (bools as 0/1, integral floats); f32/f16 take numbers; vectors a
+    list of as many components. Raises ValueError naming the member otherwise.
+    """
+    buf = bytearray(layout.size)
+    for f in layout.fields:
+        if f.name not in values:
+            raise ValueError(f"member {f.name!r}: no value")
+        v = values[f.name]
+        scalar, n = wgsl_scalar_of(f.type)
+        if n == 1:
+            comps = [v]
+        else:
+            if not isinstance(v, (tuple, list)) or len(v) != n:
+                raise ValueError(f"member {f.name!r}: {f.type} needs a list of {n} values, found {v!r}")
+            comps = list(v)
+        step = _struct.calcsize(_SCALAR_PACK[scalar])
+        for i, c in enumerate(comps):
+            data = _pack_scalar(scalar, c, f"member {f.name!r}")
+            buf[f.offset + i * step: f.offset + (i + 1) * step] = data
+    return bytes(buf)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def packed_byte_size(onnx_type: str, numel: int) -> int:
+    """Device bytes of a tensor: ceil(numel * bits / 32) u32 words, at least one word."""
+    bits = element_type(onnx_type).bits
+    return max(4, -(-numel * bits // 32) * 4)
+
+
+def default_element_type(onnx_type: str) -> str:
+    """The WGSL element type a binding gets when the spec names none.
+
+    float32/int32/uint32 -> f32/i32/u32; narrower types are packed in u32 words -> u32;
+    64-bit types -> vec2<u32> (two words per element).
+    """
+    t = element_type(onnx_type)
+    if t.bits == 32:
+        return {"float": "f32", "int": "i32", "uint": "u32"}.get(t.kind, "u32")
+    if t.bits == 64:
+        return "vec2<u32>"
+    return "u32"
+
+
+def uniform_buffer_name(pass_id: str, var_name: str) -> str:
+    """The BufferPlan name of a pass's uniform struct, e.g. ``reduce.params``."""
+    return f"{pass_id}.{var_name}"
+
+
+@dataclass(frozen=True)
+class NodePlan(KernelPlan):
+    """A KernelPlan that also records, for ``describe``, what decided the variant."""
+
+    node: str = ""
+    #: the chosen variant's ``when`` clauses
+    when: tuple[str, ...] = ()
+    #: derived names that decided the selection (those the deciding clauses read, and their inputs)
+    decided_by: tuple[str, ...] = ()
+    tunables: dict[str, int] = field(default_factory=dict)
+
+
+class _Where:
+    """Builds the 'node ...: Kernel variant v pass p' prefix of error messages."""
+
+    def __init__(self, spec: KernelSpec, node_label: str) -> None:
+        self.spec = spec
+        self.node = node_label
+
+    def __call__(self, variant: str | None = None, pass_id: str | None = None) -> str:
+        parts = []
+        if self.node:
+            parts.append(f"node {self.node!r}")
+        k = f"kernel {self.spec.name}"
+        if variant:
+            k += f" variant {variant}"
+        if pass_id:
+            k += f" pass {pass_id}"
+        parts.append(k)
+        return ": ".join(parts)
+
+
+def _eval(value: Any, env: Env, where: str, fld: str) -> Any:
+    try:
+        return evaluate_value(value, env)
+    except ExpressionError as e:
+        raise ExpressionError(f"{where}: {fld}: {e}") from e
+
+
+def _derive(block: Derive, env: Env, where: str, fld: str) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    scope = env
+    for name, v in block.items:
+        values[name] = _eval(v, scope, where, f"{fld}.{name}")
+        scope = env.with_names(values)
+    return values
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, tuple):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
+
+
+# --------------------------------------------------------------------------- plan_node
+
+
+def plan_node(
+    spec: KernelSpec,
+    *,
+    shapes: Mapping[str, Sequence[int]],
+    dtypes: Mapping[str, str],
+    device: DeviceInfo,
+    tunables: Mapping[str, int] | None = None,
+    variant: str | None = None,
+    node_label: str = "",
+) -> NodePlan:
+    """Plan one node. ``shapes``/``dtypes`` cover every input and output of the spec.
+
+    Raises ExecutionError (dtype/shape/tunable problems, no variant applies, a forced
+    variant does not apply, a buffer or dispatch beyond the device limits),
+    ExpressionError (an expression fails to evaluate) or SpecError (a spec value has the
+    wrong type at plan time, e.g. a ``$name`` element type that is not a string).
+    """
+    where = _Where(spec, node_label)
+
+    # tunables
+    tun = {n: t.default for n, t in spec.tunables.items()}
+    for n, v in (tunables or {}).items():
+        if n not in spec.tunables:
+            raise ExecutionError(f"{where()}: unknown tunable {n!r}; known: {', '.join(spec.tunables) or 'none'}")
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ExecutionError(f"{where()}: tunable {n} must be an int, found {type(v).__name__} {v!r}")
+        tun[n] = v
+
+    # shapes
+    shp: dict[str, tuple[int, ...]] = {}
+    for n in spec.io:
+        if n not in shapes or shapes[n] is None:
+            raise ExecutionError(f"{where()}: no shape given for {n!r}")
+        s = tuple(shapes[n])
+        for d in s:
+            if not isinstance(d, int) or isinstance(d, bool) or d < 0:
+                raise ExecutionError(f"{where()}: shape of {n!r} must be concrete non-negative ints, found {s}")
+        shp[n] = s
+
+    # dtypes against typeConstraints
+    io_types: dict[str, str] = {}
+    bound: dict[str, tuple[str, str]] = {}  # constraint -> (dtype, io that fixed it)
+    for n, decl in spec.io.items():
+        if n not in dtypes or dtypes[n] is None:
+            raise ExecutionError(f"{where()}: no dtype given for {n!r}")
+        try:
+            dt = element_type(dtypes[n]).name
+        except UnknownElementType as e:
+            raise ExecutionError(f"{where()}: {n!r}: {e}") from None
+        allowed = spec.type_constraints[decl.dtype]
+        if dt not in allowed:
+            raise ExecutionError(f"{where()}: {n!r} has type {dt}, but {decl.dtype} allows only "
+                                 f"{', '.join(allowed)}")
+        if decl.dtype in bound and bound[decl.dtype][0] != dt:
+            raise ExecutionError(f"{where()}: {n!r} has type {dt} but {bound[decl.dtype][1]!r} has "
+                                 f"{bound[decl.dtype][0]}; both are {decl.dtype}")
+        bound.setdefault(decl.dtype, (dt, n))
+        io_types[n] = dt
+
+    limits = {**WEBGPU_DEFAULT_LIMITS, **dict(device.limits)}
+    features = frozenset(device.features)
+    env = Env(shapes=shp, tunables=tun, limits=limits, features=features)
+
+    # 1. top-level derive
+    top = _derive(spec.derive, env, where(), "derive")
+    env_top = env.with_names(top)
+
+    # declared ranks/shapes of inputs and outputs
+    for n, decl in spec.io.items():
+        if decl.rank is not None:
+            r = _eval(decl.rank, env_top, where(), f"{n}.rank")
+            if r != len(shp[n]):
+                raise ExecutionError(f"{where()}: {n!r} must have rank {r}, found shape {shp[n]}")
+        if decl.shape is not None:
+            s = _eval(decl.shape, env_top, where(), f"{n}.shape")
+            if tuple(s) != shp[n]:
+                raise ExecutionError(f"{where()}: {n!r} must have shape {tuple(s)}, found {shp[n]}")
+
+    # 2. selection
+    selection: dict[str, str | None] = {}
+    for v in spec.variants:
+        selection[v.id] = _first_failing(v, env_top, where)
+    ranked = _ranked(spec.variants)
+    if variant is not None:
+        ids = [v.id for v in spec.variants]
+        if variant not in ids:
+            raise ExecutionError(f"{where()}: no variant {variant!r}; variants: {', '.join(ids)}")
+        if selection[variant] is not None:
+            raise ExecutionError(f"{where(variant)}: cannot force this variant: its when clause "
+                                 f"{selection[variant]!r} does not hold")
+        chosen = spec.variant(variant)
+    else:
+        candidates = [v for v in ranked if selection[v.id] is None]
+        if not candidates:
+            why = "; ".join(f"{vid}: {clause!r} is false" for vid, clause in selection.items())
+            raise ExecutionError(f"{where()}: no variant applies ({why})")
+        chosen = candidates[0]
+
+    # 3. variant derive
+    vwhere = where(chosen.id)
+    vvals = _derive(chosen.derive, env_top, vwhere, "derive")
+    env_v = env_top.with_names(vvals)
+
+    storage_limit = min(limits["maxStorageBufferBindingSize"], limits["maxBufferSize"])
+    storage_limit_text = ("min(maxStorageBufferBindingSize, maxBufferSize) = "
+                          f"{storage_limit} bytes")
+
+    # 4. buffers: inputs, outputs, intermediates
+    buffers: dict[str, BufferPlan] = {}
+    tensor_types: dict[str, str] = {}
+    for n in spec.io:
+        numel = math.prod(shp[n])
+        role = "input" if n in spec.inputs else "output"
+        buffers[n] = BufferPlan(n, role, packed_byte_size(io_types[n], numel), io_types[n], shp[n])
+        tensor_types[n] = io_types[n]
+    for inter in chosen.intermediates:
+        dt = bound[inter.dtype][0] if inter.dtype in spec.type_constraints else inter.dtype
+        s = _eval(inter.shape, env_v, vwhere, f"intermediates.{inter.id}.shape")
+        if not isinstance(s, tuple) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in s):
+            raise ExpressionError(f"{vwhere}: intermediates.{inter.id}.shape: must be a list of non-negative "
+                                  f"ints, found {s!r}")
+        buffers[inter.id] = BufferPlan(inter.id, "intermediate", packed_byte_size(dt, math.prod(s)), dt, s)
+        tensor_types[inter.id] = dt
+    for b in buffers.values():
+        if b.byte_size > storage_limit:
+            raise ExecutionError(f"{where(chosen.id)}: tensor {b.name!r} ({b.onnx_type}{list(b.shape or ())}) "
+                                 f"needs {b.byte_size} bytes, more than this device allows for a storage buffer "
+                                 f"({storage_limit_text})")
+
+    # 5. passes
+    passes: list[PassPlan] = []
+    for p in chosen.passes:
+        pp = _plan_pass(spec, chosen, p, env_v, top, vvals, tun, features, limits, buffers, tensor_types, where)
+        if pp is not None:
+            passes.append(pp)
+
+    return NodePlan(
+        kernel=spec.name, variant=chosen.id, derived={**top, **vvals}, buffers=buffers,
+        passes=tuple(passes), selection=selection, node=node_label,
+        when=tuple(c.text for c in chosen.when),
+        decided_by=_decided_by(spec, chosen, ranked, selection), tunables=tun,
+    )
+
+
+def _first_failing(v: Variant, env: Env, where: _Where) -> str | None:
+    for i, clause in enumerate(v.when):
+        r = _eval(clause, env, where(v.id), f"when[{i}]")
+        if not isinstance(r, bool):
+            raise ExpressionError(f"{where(v.id)}: when[{i}]: expression {clause.text!r} must be a bool, "
+                                  f"found {type_name(r)} {r!r}")
+        if not r:
+            return clause.text
+    return None
+
+
+def _ranked(variants: Sequence[Variant]) -> list[Variant]:
+    """Selection order: guards (no priority) first in file order, then priority
+    descending, ties in file order."""
+    return sorted(variants, key=lambda v: (v.priority is not None, -(v.priority or 0), v.index))
+
+
+def _decided_by(spec: KernelSpec, chosen: Variant, ranked: list[Variant],
+                selection: Mapping[str, str | None]) -> tuple[str, ...]:
+    """Top-level derived names read by the chosen variant's clauses and by the failing
+    clauses of the variants ranked above it, closed over their dependencies."""
+    exprs: list[Expr] = list(chosen.when)
+    for v in ranked:
+        if v is chosen:
+            break
+        failed = selection.get(v.id)
+        exprs.extend(c for c in v.when if c.text == failed)
+    top = spec.derive.as_dict()
+    need: set[str] = set()
+    stack = [n for e in exprs for n in e.free_names]
+    while stack:
+        n = stack.pop()
+        if n in need or n not in top:
+            continue
+        need.add(n)
+        v = top[n]
+        if isinstance(v, Expr):
+            stack.extend(v.free_names)
+    return tuple(n for n in spec.derive.names if n in need)
+
+
+def _plan_pass(spec: KernelSpec, variant: Variant, p: Pass, env_v: Env, top: Mapping[str, Any],
+               vvals: Mapping[str, Any], tun: Mapping[str, int], features: frozenset[str],
+               limits: Mapping[str, int], buffers: dict[str, BufferPlan], tensor_types: Mapping[str, str],
+               where: _Where) -> PassPlan | None:
+    pw = where(variant.id, p.id)
+    pvals = _derive(p.derive, env_v, pw, "derive")
+    env_p = env_v.with_names(pvals)
+
+    # dispatch
+    dispatch: list[int] = []
+    max_groups = limits["maxComputeWorkgroupsPerDimension"]
+    for axis, v in zip("xyz", p.dispatch):
+        n = _eval(v, env_p, pw, f"dispatch.{axis}")
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise ExpressionError(f"{pw}: dispatch.{axis} must be an int, found {type_name(n)} {n!r}")
+        if n < 0:
+            raise ExpressionError(f"{pw}: dispatch.{axis} is negative ({n})")
+        if n > max_groups:
+            raise ExecutionError(f"{pw}: dispatch.{axis} = {n} workgroups exceeds the device limit "
+                                 f"maxComputeWorkgroupsPerDimension = {max_groups}")
+        dispatch.append(n)
+    if 0 in dispatch:
+        return None  # an empty grid: the pass is dropped
+
+    derived_here = {**top, **vvals, **pvals}
+    wg = derived_here.get("workgroupSize", 1)
+    if isinstance(wg, int) and not isinstance(wg, bool):
+        cap = min(limits["maxComputeInvocationsPerWorkgroup"], limits["maxComputeWorkgroupSizeX"])
+        if wg > cap:
+            raise ExecutionError(f"{pw}: workgroupSize {wg} exceeds the device limit "
+                                 f"min(maxComputeInvocationsPerWorkgroup, maxComputeWorkgroupSizeX) = {cap}")
+
+    bindings: list[BindingPlan] = []
+    n_storage = n_uniform = 0
+    for b in p.bindings:
+        bp = _plan_binding(spec, p, b, env_p, buffers, tensor_types, limits, pw)
+        bindings.append(bp)
+        if bp.access == "uniform":
+            n_uniform += 1
+        else:
+            n_storage += 1
+    if n_storage > limits["maxStorageBuffersPerShaderStage"]:
+        raise ExecutionError(f"{pw}: binds {n_storage} storage buffers, more than the device limit "
+                             f"maxStorageBuffersPerShaderStage = {limits['maxStorageBuffersPerShaderStage']}")
+    if n_uniform > limits["maxUniformBuffersPerShaderStage"]:
+        raise ExecutionError(f"{pw}: binds {n_uniform} uniform buffers, more than the device limit "
+                             f"maxUniformBuffersPerShaderStage = {limits['maxUniformBuffersPerShaderStage']}")
+    if len(bindings) > limits["maxBindingsPerBindGroup"]:
+        raise ExecutionError(f"{pw}: {len(bindings)} bindings exceed maxBindingsPerBindGroup = "
+                             f"{limits['maxBindingsPerBindGroup']}")
+
+    binding_dicts = [
+        {"index": bp.index, "var_name": bp.var_name, "access": bp.access, "element_type": bp.element_type,
+         "length": bp.length, "struct": [list(m) for m in bp.struct] if bp.struct is not None else None}
+        for bp in bindings
+    ]
+    context: dict[str, Any] = {
+        "kernel": spec.name,
+        "variant": variant.id,
+        "pass_id": p.id,
+        "tunables": dict(tun),
+        **derived_here,
+        "bindings": binding_dicts,
+        "binding": {d["var_name"]: d for d in binding_dicts},
+        "features": sorted(features),
+        "workgroup_size": wg,
+    }
+    return PassPlan(p.id, p.name, p.shader, context, tuple(bindings), (dispatch[0], dispatch[1], dispatch[2]))
+
+
+def _struct_type_name(var_name: str) -> str:
+    name = var_name[:1].upper() + var_name[1:]
+    return name if name != var_name else var_name + "T"
+
+
+def _plan_binding(spec: KernelSpec, p: Pass, b: PassBinding, env: Env, buffers: dict[str, BufferPlan],
+                  tensor_types: Mapping[str, str], limits: Mapping[str, int], pw: str) -> BindingPlan:
+    if b.role == "uniform":
+        assert b.struct is not None
+        layout = uniform_layout(b.struct)
+        values = {m.name: _eval(m.value, env, pw, f"bindings[{b.index}].struct.{m.name}") for m in b.struct}
+        try:
+            data = pack_uniform(layout, values)
+        except ValueError as e:
+            raise ExecutionError(f"{pw}: uniform {b.var_name!r}: {e}") from None
+        if layout.size > limits["maxUniformBufferBindingSize"]:
+            raise ExecutionError(f"{pw}: uniform {b.var_name!r} of {layout.size} bytes exceeds "
+                                 f"maxUniformBufferBindingSize = {limits['maxUniformBufferBindingSize']}")
+        bname = uniform_buffer_name(p.id, b.var_name)
+        buffers[bname] = BufferPlan(bname, "uniform", layout.size, None, None, data)
+        return BindingPlan(b.index, b.var_name, bname, "uniform", _struct_type_name(b.var_name), None,
+                           tuple((m.name, m.type) for m in b.struct))
+
+    buf = buffers[b.resource]
+    if b.element_type is None:
+        et = default_element_type(tensor_types[b.resource])
+    elif b.element_type.startswith("$"):
+        dname = b.element_type[1:]
+        try:
+            et = env.names[dname]
+        except KeyError:  # pragma: no cover - checked at load
+            raise SpecError(spec.path, b.field, f"{b.element_type!r}: no derived value {dname!r}") from None
+        if not isinstance(et, str) or wgsl_type_layout(et, storage=True) is None:
+            raise SpecError(spec.path, b.field, f"elementType {b.element_type!r} evaluated to {et!r} "
+                                                f"({type_name(et)}), not a WGSL element type such as \"f32\"")
+    else:
+        et = b.element_type
+    size, align = wgsl_type_layout(et, storage=True)  # type: ignore[misc]
+    stride = _round_up(size, align)
+    length = None
+    if b.length is not None:
+        length = _eval(b.length, env, pw, f"bindings[{b.index}].length")
+        if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+            raise ExpressionError(f"{pw}: bindings[{b.index}].length must be a positive int, found {length!r}")
+        if length * stride > buf.byte_size:
+            raise ExecutionError(f"{pw}: binding {b.var_name!r} declares {length} x {et} ({length * stride} bytes) "
+                                 f"but tensor {b.resource!r} has {buf.byte_size} bytes")
+    elif buf.byte_size % stride:
+        raise ExecutionError(f"{pw}: binding {b.var_name!r}: tensor {b.resource!r} of {buf.byte_size} bytes is not "
+                             f"a whole number of {et} ({stride} bytes); the variant's when clauses should "
+                             f"exclude this size")
+    return BindingPlan(b.index, b.var_name, b.resource, b.access, et, length, None)
+
+
+# --------------------------------------------------------------------------- describe
+
+
+def describe(plan: KernelPlan) -> dict[str, Any]:
+    """A JSON-ready summary of a plan for ``onnx-quant explain``.
+
+    Keys: ``kernel``, ``node``, ``variant``, ``when`` (the chosen variant's clauses),
+    ``derived`` (the values that decided the selection, see NodePlan.decided_by; all
+    derived values for a plain KernelPlan), ``selection`` (variant -> first failing
+    clause or None), ``tunables`` and ``passes`` [{id, name, dispatch [x, y, z]}].
+    """
+    names = getattr(plan, "decided_by", None)
+    if names is None:
+        names = tuple(plan.derived)
+    return {
+        "kernel": plan.kernel,
+        "node": getattr(plan, "node", ""),
+        "variant": plan.variant,
+        "when": list(getattr(plan, "when", ())),
+        "derived": {n: _jsonable(plan.derived[n]) for n in names if n in plan.derived},
+        "selection": dict(plan.selection),
+        "tunables": dict(getattr(plan, "tunables", {})),
+        "passes": [{"id": p.id, "name": p.name, "dispatch": list(p.dispatch)} for p in plan.passes],
+    }

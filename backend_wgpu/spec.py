@@ -1,0 +1,886 @@
+"""Kernel specs: dataclasses, loading and validation (``templates/*.kernel.json``).
+
+A spec describes how one ONNX operator runs on a GPU: its inputs/outputs, type
+constraints, tunables, derived values, bindings and variants made of passes (each a WGSL
+Jinja template and a dispatch size). The format is documented in ``docs/kernel-spec.md``.
+
+Everything that can be checked without a tensor is checked when a spec is loaded, and a
+problem raises :class:`~onnx_quant.errors.SpecError` naming the file, the field (a path
+such as ``variants[2].passes[0].bindings[1]``) and the reason: unknown or missing keys,
+wrong JSON types, expressions that do not parse or name unknown things (including device
+features — ``"subgroups"`` is rejected with a hint to ``"subgroup"``), dependency cycles
+in ``derive``, bindings that name nothing, a buffer bound twice in one pass, and missing
+shader files. Pure Python: no wgpu.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import keyword
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+from backend_wgpu.expr import (
+    RESERVED_NAMES, Expr, Scope, Value, suggest,
+)
+from onnx_quant.dtypes import BY_NAME as DTYPES_BY_NAME
+from onnx_quant.errors import ExpressionError, SpecError
+
+__all__ = [
+    "KernelSpec", "Variant", "Pass", "BindingDecl", "PassBinding", "StructMember", "Intermediate",
+    "Tunable", "TensorDecl", "Derive", "SpecRegistry", "load_spec", "load_specs",
+    "templates_dir", "wgsl_type_layout", "CONTEXT_KEYS", "ACCESS_BY_BUFFER", "DEFAULT_DOMAIN",
+]
+
+DEFAULT_DOMAIN = "ai.onnx"
+
+#: Keys the planner puts into every pass's template context; derived names may not use them.
+CONTEXT_KEYS = frozenset({
+    "kernel", "variant", "pass_id", "tunables", "bindings", "binding", "features", "workgroup_size",
+})
+
+#: The ``buffer`` key of a binding -> BindingPlan.access.
+ACCESS_BY_BUFFER = {"storage": "read_write", "read-only-storage": "read", "uniform": "uniform"}
+
+# --------------------------------------------------------------------------- WGSL types
+
+_SCALARS = {"f32": (4, 4), "i32": (4, 4), "u32": (4, 4), "f16": (2, 2)}
+_VEC_RE = re.compile(r"^vec([234])<(f32|i32|u32|f16)>$")
+_VEC_ALIAS_RE = re.compile(r"^vec([234])([fiuh])$")
+_ALIAS_SCALAR = {"f": "f32", "i": "i32", "u": "u32", "h": "f16"}
+_ATOMIC_RE = re.compile(r"^atomic<(i32|u32)>$")
+
+
+def wgsl_type_layout(wgsl_type: str, *, storage: bool = False) -> tuple[int, int] | None:
+    """(size, alignment) in bytes of a host-shareable WGSL scalar/vector type, or None.
+
+    Scalars ``f32 i32 u32 f16``, vectors ``vecN<T>`` and their aliases (``vec4f``...).
+    With ``storage=True`` ``atomic<u32>``/``atomic<i32>`` are accepted too.
+    """
+    if not isinstance(wgsl_type, str):
+        return None
+    t = wgsl_type.strip()
+    if t in _SCALARS:
+        return _SCALARS[t]
+    m = _VEC_RE.match(t) or _VEC_ALIAS_RE.match(t)
+    if m:
+        n = int(m.group(1))
+        scalar = m.group(2) if len(m.group(2)) == 3 else _ALIAS_SCALAR[m.group(2)]
+        s = _SCALARS[scalar][0]
+        return (n * s, (2 if n == 2 else 4) * s)
+    if storage and _ATOMIC_RE.match(t):
+        return (4, 4)
+    return None
+
+
+def wgsl_scalar_of(wgsl_type: str) -> tuple[str, int]:
+    """(scalar type, component count) of a scalar or vector type accepted above."""
+    t = wgsl_type.strip()
+    if t in _SCALARS:
+        return t, 1
+    m = _VEC_RE.match(t) or _VEC_ALIAS_RE.match(t)
+    if m:
+        scalar = m.group(2) if len(m.group(2)) == 3 else _ALIAS_SCALAR[m.group(2)]
+        return scalar, int(m.group(1))
+    m = _ATOMIC_RE.match(t)
+    if m:
+        return m.group(1), 1
+    raise ValueError(f"not a WGSL scalar or vector type: {wgsl_type!r}")
+
+
+# --------------------------------------------------------------------------- dataclasses
+
+
+@dataclass(frozen=True)
+class Derive:
+    """A ``derive`` block: named values in dependency order (JSON order where free).
+
+    A value is an :class:`Expr` (the JSON string) or a JSON literal (bool/int/float).
+    """
+
+    items: tuple[tuple[str, Value], ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.items)
+
+    def as_dict(self) -> dict[str, Value]:
+        return dict(self.items)
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+
+@dataclass(frozen=True)
+class TensorDecl:
+    """An input or output: ``dtype`` is a ``typeConstraints`` name; ``rank``/``shape``
+    optionally state what the planner's given shape must be (checked at plan time)."""
+
+    name: str
+    dtype: str
+    index: int
+    rank: Value | None = None
+    shape: Expr | tuple[Value, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Tunable:
+    """A tunable knob (``tunables.<name>``) with an integer default."""
+
+    name: str
+    default: int
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class StructMember:
+    """A member of a uniform struct: WGSL ``type`` and the ``value`` written at plan time."""
+
+    name: str
+    type: str
+    value: Value
+
+
+@dataclass(frozen=True)
+class BindingDecl:
+    """An entry of the top-level ``bindings`` object, referenced by ``key`` from passes.
+
+    ``name`` is the resource (an input, output or intermediate; for a struct, the WGSL
+    variable of the uniform) and the WGSL variable name; it defaults to ``key``.
+    ``element_type`` is a WGSL type or ``"$derivedName"``; ``buffer`` is ``"storage"``,
+    ``"read-only-storage"``, ``"uniform"`` or None (default by role); ``struct`` makes it
+    a uniform struct.
+    """
+
+    key: str
+    name: str
+    element_type: str | None = None
+    length: Value | None = None
+    buffer: str | None = None
+    struct: tuple[StructMember, ...] | None = None
+
+
+@dataclass(frozen=True)
+class PassBinding:
+    """One entry of a pass's ``bindings`` list, resolved at load time.
+
+    ``role`` is input/output/intermediate (``resource`` is that tensor) or uniform
+    (``resource`` is the variable; the planner's buffer is ``"<pass id>.<var_name>"``).
+    ``element_type`` is None when it defaults from the tensor's dtype.
+    """
+
+    index: int
+    ref: str                    # the top-level key, or "arg:<name>" / "struct:<name>" for inline entries
+    resource: str
+    var_name: str
+    role: str                   # "input" | "output" | "intermediate" | "uniform"
+    access: str                 # "read" | "read_write" | "uniform"
+    element_type: str | None = None
+    length: Value | None = None
+    struct: tuple[StructMember, ...] | None = None
+    field: str = ""             # where it came from, for error messages
+
+
+@dataclass(frozen=True)
+class Intermediate:
+    """A scratch tensor allocated per plan: ``dtype`` (an element type or a
+    typeConstraints name) and ``shape`` (an expression or a list of values)."""
+
+    id: str
+    dtype: str
+    shape: Expr | tuple[Value, ...]
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One compute dispatch of a variant."""
+
+    id: str
+    name: str
+    shader: str
+    derive: Derive
+    bindings: tuple[PassBinding, ...]
+    dispatch: tuple[Value, Value, Value]
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way of running the kernel. ``priority`` None marks a guard (see the selection
+    rule in docs/kernel-spec.md); ``when`` clauses must all hold for it to be a candidate."""
+
+    id: str
+    index: int
+    priority: int | None
+    when: tuple[Expr, ...]
+    derive: Derive
+    intermediates: tuple[Intermediate, ...]
+    passes: tuple[Pass, ...]
+    description: str = ""
+
+
+@dataclass(frozen=True, eq=False)
+class KernelSpec:
+    """A loaded, validated ``*.kernel.json``. Hashable by identity."""
+
+    domain: str
+    name: str
+    since_version: int
+    inputs: dict[str, TensorDecl]
+    outputs: dict[str, TensorDecl]
+    type_constraints: dict[str, tuple[str, ...]]
+    tunables: dict[str, Tunable]
+    derive: Derive
+    bindings: dict[str, BindingDecl]
+    variants: tuple[Variant, ...]
+    path: str
+    directory: str
+    description: str = ""
+
+    @property
+    def io(self) -> dict[str, TensorDecl]:
+        return {**self.inputs, **self.outputs}
+
+    def variant(self, variant_id: str) -> Variant:
+        for v in self.variants:
+            if v.id == variant_id:
+                return v
+        raise KeyError(variant_id)
+
+    def shader_path(self, shader: str) -> Path:
+        return Path(self.directory) / shader
+
+    def __repr__(self) -> str:
+        return f"KernelSpec({self.domain}::{self.name}-{self.since_version}, {self.path})"
+
+
+# --------------------------------------------------------------------------- loading
+
+_TOP_KEYS = {"domain", "name", "sinceVersion", "inputs", "outputs", "typeConstraints", "tunables",
+             "derive", "bindings", "variants", "description"}
+_TOP_REQUIRED = {"name", "sinceVersion", "inputs", "outputs", "typeConstraints", "variants"}
+_IO_KEYS = {"dtype", "rank", "shape"}
+_TUNABLE_KEYS = {"default", "description"}
+_BINDING_KEYS = {"name", "elementType", "length", "buffer", "struct"}
+_MEMBER_KEYS = {"name", "type", "value"}
+_VARIANT_KEYS = {"id", "priority", "when", "derive", "intermediates", "passes", "description"}
+_INTERMEDIATE_KEYS = {"id", "dtype", "shape"}
+_PASS_KEYS = {"id", "name", "shader", "derive", "bindings", "dispatch", "description"}
+_ARG_KEYS = {"arg", "elementType", "length", "buffer"}
+_INLINE_STRUCT_KEYS = {"name", "struct", "buffer"}
+_DISPATCH_KEYS = ("x", "y", "z")
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _json_type(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "array"
+    if isinstance(v, dict):
+        return "object"
+    return type(v).__name__
+
+
+def _is_ident(s: Any) -> bool:
+    return isinstance(s, str) and s.isidentifier() and not keyword.iskeyword(s)
+
+
+class _Loader:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.file = str(path)
+        self.dir = path.parent
+        self.used_bindings: set[str] = set()
+
+    # -- small helpers
+    def err(self, field: str, reason: str) -> SpecError:
+        return SpecError(self.file, field or "<top>", reason)
+
+    def obj(self, v: Any, fld: str, allowed: set[str], required: Iterable[str] = ()) -> dict:
+        if not isinstance(v, dict):
+            raise self.err(fld, f"expected an object, found {_json_type(v)}")
+        for k in v:
+            if k not in allowed:
+                raise self.err(f"{fld}.{k}" if fld else k,
+                               f"unknown key {k!r}{suggest(k, allowed)}; allowed: {', '.join(sorted(allowed))}")
+        for k in sorted(required):
+            if k not in v:
+                raise self.err(fld, f"missing required key {k!r}")
+        return v
+
+    def string(self, v: Any, fld: str, *, nonempty: bool = True) -> str:
+        if not isinstance(v, str):
+            raise self.err(fld, f"expected a string, found {_json_type(v)}")
+        if nonempty and not v.strip():
+            raise self.err(fld, "must not be empty")
+        return v
+
+    def ident(self, v: Any, fld: str, what: str) -> str:
+        self.string(v, fld)
+        if not _is_ident(v):
+            raise self.err(fld, f"{what} {v!r} is not an identifier (letters, digits, '_', not a keyword)")
+        return v
+
+    def integer(self, v: Any, fld: str, *, minimum: int | None = None) -> int:
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise self.err(fld, f"expected an integer, found {_json_type(v)}")
+        if minimum is not None and v < minimum:
+            raise self.err(fld, f"must be >= {minimum}, found {v}")
+        return v
+
+    def array(self, v: Any, fld: str, *, nonempty: bool = False) -> list:
+        if not isinstance(v, list):
+            raise self.err(fld, f"expected an array, found {_json_type(v)}")
+        if nonempty and not v:
+            raise self.err(fld, "must not be empty")
+        return v
+
+    def expr(self, v: Any, fld: str, scope: Scope | None) -> Expr:
+        if not isinstance(v, str):
+            raise self.err(fld, f"expected an expression string, found {_json_type(v)}")
+        try:
+            e = Expr(v)
+            if scope is not None:
+                e.check(scope)
+        except ExpressionError as ex:
+            raise self.err(fld, str(ex)) from None
+        return e
+
+    def value(self, v: Any, fld: str, scope: Scope | None, *, literals=(bool, int, float)) -> Value:
+        """A JSON literal or an expression string."""
+        if isinstance(v, str):
+            return self.expr(v, fld, scope)
+        if isinstance(v, bool) and bool not in literals:
+            pass
+        elif isinstance(v, literals) and v is not None:
+            if isinstance(v, float) and v != v:  # pragma: no cover - NaN rejected by the parser
+                raise self.err(fld, "NaN is not allowed")
+            return v
+        kinds = " or ".join(sorted({_json_type(t()) for t in literals} | {"string"}))
+        raise self.err(fld, f"expected {kinds}, found {_json_type(v)}")
+
+    def check_value(self, v: Value, fld: str, scope: Scope) -> None:
+        if isinstance(v, Expr):
+            try:
+                v.check(scope)
+            except ExpressionError as ex:
+                raise self.err(fld, str(ex)) from None
+        elif isinstance(v, tuple):
+            for i, x in enumerate(v):
+                self.check_value(x, f"{fld}[{i}]", scope)
+
+    def shape_value(self, v: Any, fld: str, scope: Scope) -> Expr | tuple[Value, ...]:
+        if isinstance(v, list):
+            out = []
+            for i, d in enumerate(v):
+                if isinstance(d, str):
+                    out.append(self.expr(d, f"{fld}[{i}]", scope))
+                else:
+                    out.append(self.integer(d, f"{fld}[{i}]", minimum=0))
+            return tuple(out)
+        if isinstance(v, str):
+            return self.expr(v, fld, scope)
+        raise self.err(fld, f"expected an array or an expression string, found {_json_type(v)}")
+
+    # -- derive blocks
+    def derive(self, v: Any, fld: str, scope: Scope, outer: Mapping[str, str]) -> Derive:
+        """Parse a derive object; ``outer`` maps names visible from enclosing blocks to
+        where they are defined (no shadowing). Returns items in dependency order."""
+        if not isinstance(v, dict):
+            raise self.err(fld, f"expected an object, found {_json_type(v)}")
+        values: dict[str, Value] = {}
+        for name, raw in v.items():
+            nf = f"{fld}.{name}"
+            if not _is_ident(name):
+                raise self.err(nf, f"derived name {name!r} is not an identifier")
+            if name in RESERVED_NAMES or name in CONTEXT_KEYS:
+                raise self.err(nf, f"{name!r} is reserved (expression names: {', '.join(sorted(RESERVED_NAMES))}; "
+                                   f"template context keys: {', '.join(sorted(CONTEXT_KEYS))})")
+            if name in outer:
+                raise self.err(nf, f"{name!r} is already defined in {outer[name]}; derived names may not be redefined")
+            values[name] = self.value(raw, nf, None)
+        order = self.toposort(values, fld)
+        inner = scope.with_names(values)
+        for name in order:
+            self.check_value(values[name], f"{fld}.{name}", inner)
+        return Derive(tuple((n, values[n]) for n in order))
+
+    def toposort(self, values: Mapping[str, Value], fld: str) -> list[str]:
+        deps = {n: (set(v.free_names) & set(values)) if isinstance(v, Expr) else set()
+                for n, v in values.items()}
+        done: list[str] = []
+        placed: set[str] = set()
+        pending = list(values)
+        while pending:
+            for n in pending:
+                if deps[n] <= placed:
+                    done.append(n)
+                    placed.add(n)
+                    pending.remove(n)
+                    break
+            else:
+                cycle = self.find_cycle({n: deps[n] - placed for n in pending})
+                raise self.err(f"{fld}.{cycle[0]}", "dependency cycle: " + " -> ".join(cycle))
+        return done
+
+    @staticmethod
+    def find_cycle(deps: Mapping[str, set[str]]) -> list[str]:
+        start = next(iter(deps))
+        path = [start]
+        seen = {start: 0}
+        node = start
+        while True:
+            node = sorted(deps[node])[0]
+            if node in seen:
+                return path[seen[node]:] + [node]
+            seen[node] = len(path)
+            path.append(node)
+
+    # -- the whole file
+    def load(self) -> KernelSpec:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise self.err("<file>", "no such file") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise self.err("<file>", f"cannot read: {e}") from None
+        try:
+            raw = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+        except json.JSONDecodeError as e:
+            raise self.err(f"line {e.lineno} column {e.colno}", f"invalid JSON: {e.msg}") from None
+        except _DuplicateKey as e:
+            raise self.err("<json>", f"duplicate key {e.args[0]!r} in an object") from None
+        except (ValueError, RecursionError) as e:
+            raise self.err("<json>", f"invalid JSON: {e}") from None
+        return self.spec(raw)
+
+    def spec(self, raw: Any) -> KernelSpec:
+        top = self.obj(raw, "", _TOP_KEYS, _TOP_REQUIRED)
+        domain = DEFAULT_DOMAIN
+        if "domain" in top:
+            domain = self.string(top["domain"], "domain", nonempty=False) or DEFAULT_DOMAIN
+        name = self.string(top["name"], "name")
+        since = self.integer(top["sinceVersion"], "sinceVersion", minimum=1)
+        description = self.string(top.get("description", ""), "description", nonempty=False)
+
+        # typeConstraints
+        tc_raw = top["typeConstraints"]
+        if not isinstance(tc_raw, dict):
+            raise self.err("typeConstraints", f"expected an object, found {_json_type(tc_raw)}")
+        constraints: dict[str, tuple[str, ...]] = {}
+        for cname, types in tc_raw.items():
+            f = f"typeConstraints.{cname}"
+            if not cname.strip():
+                raise self.err(f, "a type constraint needs a name")
+            lst = self.array(types, f, nonempty=True)
+            seen: list[str] = []
+            for i, t in enumerate(lst):
+                self.string(t, f"{f}[{i}]")
+                if t not in DTYPES_BY_NAME:
+                    raise self.err(f"{f}[{i}]", f"unknown element type {t!r}{suggest(t, DTYPES_BY_NAME)}")
+                if t in seen:
+                    raise self.err(f"{f}[{i}]", f"{t!r} listed twice")
+                seen.append(t)
+            constraints[cname] = tuple(seen)
+
+        # inputs / outputs (names first, shapes checked once derive is known)
+        io_raw: dict[str, tuple[str, dict]] = {}
+        for section in ("inputs", "outputs"):
+            sec = top[section]
+            if not isinstance(sec, dict):
+                raise self.err(section, f"expected an object, found {_json_type(sec)}")
+            if section == "outputs" and not sec:
+                raise self.err(section, "a kernel needs at least one output")
+            for ioname, decl in sec.items():
+                f = f"{section}.{ioname}"
+                if not _is_ident(ioname):
+                    raise self.err(f, f"{section[:-1]} name {ioname!r} is not an identifier")
+                if ioname in io_raw:
+                    raise self.err(f, f"{ioname!r} is both an input and an output")
+                d = self.obj(decl, f, _IO_KEYS, {"dtype"})
+                dt = self.string(d["dtype"], f"{f}.dtype")
+                if dt not in constraints:
+                    raise self.err(f"{f}.dtype", f"{dt!r} is not a typeConstraints name{suggest(dt, constraints)}; "
+                                                 f"declared: {', '.join(constraints) or 'none'}")
+                io_raw[ioname] = (section, d)
+        io_names = frozenset(io_raw)
+
+        # tunables
+        tunables: dict[str, Tunable] = {}
+        tun_raw = top.get("tunables", {})
+        if not isinstance(tun_raw, dict):
+            raise self.err("tunables", f"expected an object, found {_json_type(tun_raw)}")
+        for tname, tdecl in tun_raw.items():
+            f = f"tunables.{tname}"
+            if not _is_ident(tname):
+                raise self.err(f, f"tunable name {tname!r} is not an identifier")
+            d = self.obj(tdecl, f, _TUNABLE_KEYS, {"default"})
+            tunables[tname] = Tunable(tname, self.integer(d["default"], f"{f}.default"),
+                                      self.string(d.get("description", ""), f"{f}.description", nonempty=False))
+
+        base = Scope(io=io_names, tunables=frozenset(tunables))
+        top_derive = self.derive(top.get("derive", {}), "derive", base, {})
+        top_scope = base.with_names(top_derive.names)
+        defined_at = {n: "derive" for n in top_derive.names}
+
+        inputs: dict[str, TensorDecl] = {}
+        outputs: dict[str, TensorDecl] = {}
+        for ioname, (section, d) in io_raw.items():
+            f = f"{section}.{ioname}"
+            rank = None
+            if "rank" in d:
+                rank = self.value(d["rank"], f"{f}.rank", top_scope, literals=(int,))
+                if isinstance(rank, int) and rank < 0:
+                    raise self.err(f"{f}.rank", f"must be >= 0, found {rank}")
+            shape = self.shape_value(d["shape"], f"{f}.shape", top_scope) if "shape" in d else None
+            target = inputs if section == "inputs" else outputs
+            target[ioname] = TensorDecl(ioname, d["dtype"], len(target), rank, shape)
+
+        # top-level bindings
+        bindings: dict[str, BindingDecl] = {}
+        b_raw = top.get("bindings", {})
+        if not isinstance(b_raw, dict):
+            raise self.err("bindings", f"expected an object, found {_json_type(b_raw)}")
+        for key, decl in b_raw.items():
+            bindings[key] = self.binding_decl(key, decl, f"bindings.{key}")
+
+        # variants
+        v_raw = self.array(top["variants"], "variants", nonempty=True)
+        variants: list[Variant] = []
+        seen_ids: dict[str, int] = {}
+        for vi, vdecl in enumerate(v_raw):
+            variant = self.variant(vi, vdecl, top_scope, defined_at, io_raw, bindings, constraints)
+            if variant.id in seen_ids:
+                raise self.err(f"variants[{vi}].id", f"duplicate variant id {variant.id!r} "
+                                                     f"(also variants[{seen_ids[variant.id]}])")
+            seen_ids[variant.id] = vi
+            variants.append(variant)
+
+        # expressions of top-level bindings no pass uses: check against the top-level scope
+        for key, decl in bindings.items():
+            if key in self.used_bindings:
+                continue
+            for mi, m in enumerate(decl.struct or ()):
+                self.check_value(m.value, f"bindings.{key}.struct[{mi}].value", top_scope)
+            if decl.length is not None:
+                self.check_value(decl.length, f"bindings.{key}.length", top_scope)
+
+        return KernelSpec(
+            domain=domain, name=name, since_version=since, inputs=inputs, outputs=outputs,
+            type_constraints=constraints, tunables=tunables, derive=top_derive, bindings=bindings,
+            variants=tuple(variants), path=self.file, directory=str(self.dir), description=description,
+        )
+
+    def element_type(self, v: Any, fld: str) -> str:
+        self.string(v, fld)
+        if v.startswith("$"):
+            if not _is_ident(v[1:]):
+                raise self.err(fld, f"{v!r}: '$' must be followed by a derived name")
+            return v
+        if wgsl_type_layout(v, storage=True) is None:
+            raise self.err(fld, f"{v!r} is not a WGSL storage element type (f32, i32, u32, f16, vecN<T>, "
+                                f"vec4f..., atomic<u32>, atomic<i32>) nor '$derivedName'")
+        return v
+
+    def struct_members(self, v: Any, fld: str) -> tuple[StructMember, ...]:
+        lst = self.array(v, fld, nonempty=True)
+        members: list[StructMember] = []
+        names: set[str] = set()
+        for i, m in enumerate(lst):
+            f = f"{fld}[{i}]"
+            d = self.obj(m, f, _MEMBER_KEYS, _MEMBER_KEYS)
+            mname = self.ident(d["name"], f"{f}.name", "struct member name")
+            if mname in names:
+                raise self.err(f"{f}.name", f"duplicate struct member {mname!r}")
+            names.add(mname)
+            mtype = self.string(d["type"], f"{f}.type")
+            if wgsl_type_layout(mtype) is None:
+                raise self.err(f"{f}.type", f"{mtype!r} is not a uniform member type (f32, i32, u32, f16, vecN<T>)")
+            members.append(StructMember(mname, mtype, self.value(d["value"], f"{f}.value", None)))
+        return tuple(members)
+
+    def binding_decl(self, key: str, decl: Any, fld: str) -> BindingDecl:
+        d = self.obj(decl, fld, _BINDING_KEYS)
+        name = self.ident(d.get("name", key), f"{fld}.name" if "name" in d else fld, "binding name")
+        buffer = None
+        if "buffer" in d:
+            buffer = self.string(d["buffer"], f"{fld}.buffer")
+            if buffer not in ACCESS_BY_BUFFER:
+                raise self.err(f"{fld}.buffer", f"{buffer!r} is not one of {', '.join(ACCESS_BY_BUFFER)}"
+                                                f"{suggest(buffer, ACCESS_BY_BUFFER)}")
+        if "struct" in d:
+            for k in ("elementType", "length"):
+                if k in d:
+                    raise self.err(f"{fld}.{k}", f"a struct binding takes no {k!r}")
+            if buffer not in (None, "uniform"):
+                raise self.err(f"{fld}.buffer", "a struct binding is a uniform buffer")
+            return BindingDecl(key, name, None, None, "uniform", self.struct_members(d["struct"], f"{fld}.struct"))
+        if buffer == "uniform":
+            raise self.err(f"{fld}.buffer", "a 'uniform' binding needs a 'struct'")
+        et = self.element_type(d["elementType"], f"{fld}.elementType") if "elementType" in d else None
+        length = None
+        if "length" in d:
+            length = self.value(d["length"], f"{fld}.length", None, literals=(int,))
+            if isinstance(length, int) and length < 1:
+                raise self.err(f"{fld}.length", f"must be >= 1, found {length}")
+        return BindingDecl(key, name, et, length, buffer, None)
+
+    def variant(self, vi: int, decl: Any, top_scope: Scope, defined_at: Mapping[str, str],
+                io_raw: Mapping[str, tuple[str, dict]], bindings: Mapping[str, BindingDecl],
+                constraints: Mapping[str, tuple[str, ...]]) -> Variant:
+        fld = f"variants[{vi}]"
+        d = self.obj(decl, fld, _VARIANT_KEYS, {"id", "passes"})
+        vid = self.ident(d["id"], f"{fld}.id", "variant id")
+        priority = self.integer(d["priority"], f"{fld}.priority") if "priority" in d else None
+        when = tuple(self.expr(c, f"{fld}.when[{i}]", top_scope)
+                     for i, c in enumerate(self.array(d.get("when", []), f"{fld}.when")))
+        vderive = self.derive(d.get("derive", {}), f"{fld}.derive", top_scope, defined_at)
+        vscope = top_scope.with_names(vderive.names)
+        v_defined = {**defined_at, **{n: f"{fld}.derive" for n in vderive.names}}
+
+        intermediates: list[Intermediate] = []
+        inter_roles: dict[str, str] = {}
+        for ii, idecl in enumerate(self.array(d.get("intermediates", []), f"{fld}.intermediates")):
+            f = f"{fld}.intermediates[{ii}]"
+            idd = self.obj(idecl, f, _INTERMEDIATE_KEYS, _INTERMEDIATE_KEYS)
+            iid = self.ident(idd["id"], f"{f}.id", "intermediate id")
+            if iid in io_raw:
+                raise self.err(f"{f}.id", f"{iid!r} is already an input/output name")
+            if iid in inter_roles:
+                raise self.err(f"{f}.id", f"duplicate intermediate id {iid!r}")
+            dt = self.string(idd["dtype"], f"{f}.dtype")
+            if dt not in DTYPES_BY_NAME and dt not in constraints:
+                raise self.err(f"{f}.dtype", f"{dt!r} is neither an element type nor a typeConstraints name"
+                                             f"{suggest(dt, list(DTYPES_BY_NAME) + list(constraints))}")
+            intermediates.append(Intermediate(iid, dt, self.shape_value(idd["shape"], f"{f}.shape", vscope)))
+            inter_roles[iid] = "intermediate"
+
+        roles = {n: ("input" if s == "inputs" else "output") for n, (s, _) in io_raw.items()}
+        roles.update(inter_roles)
+
+        passes: list[Pass] = []
+        seen: dict[str, int] = {}
+        for pi, pdecl in enumerate(self.array(d["passes"], f"{fld}.passes", nonempty=True)):
+            p = self.pass_(f"{fld}.passes[{pi}]", pdecl, vscope, v_defined, roles, bindings)
+            if p.id in seen:
+                raise self.err(f"{fld}.passes[{pi}].id", f"duplicate pass id {p.id!r} in variant {vid!r}")
+            seen[p.id] = pi
+            passes.append(p)
+        return Variant(vid, vi, priority, when, vderive, tuple(intermediates), tuple(passes),
+                       self.string(d.get("description", ""), f"{fld}.description", nonempty=False))
+
+    def pass_(self, fld: str, decl: Any, vscope: Scope, v_defined: Mapping[str, str],
+              roles: Mapping[str, str], bindings: Mapping[str, BindingDecl]) -> Pass:
+        d = self.obj(decl, fld, _PASS_KEYS, {"id", "shader", "bindings", "dispatch"})
+        pid = self.ident(d["id"], f"{fld}.id", "pass id")
+        shader = self.string(d["shader"], f"{fld}.shader")
+        sp = Path(shader)
+        if sp.is_absolute() or ".." in sp.parts or "\\" in shader:
+            raise self.err(f"{fld}.shader", f"{shader!r} must be a relative path inside the templates folder")
+        try:
+            exists = (self.dir / sp).is_file()
+        except (OSError, ValueError) as e:
+            raise self.err(f"{fld}.shader", f"unusable shader path: {e.__class__.__name__}") from None
+        if not exists:
+            raise self.err(f"{fld}.shader", f"shader file {shader!r} not found in {self.dir}")
+        pname = self.string(d["name"], f"{fld}.name") if "name" in d else pid
+        pderive = self.derive(d.get("derive", {}), f"{fld}.derive", vscope, v_defined)
+        pscope = vscope.with_names(pderive.names)
+
+        entries = self.array(d["bindings"], f"{fld}.bindings")
+        resolved: list[PassBinding] = []
+        by_resource: dict[str, int] = {}
+        by_var: dict[str, int] = {}
+        for bi, entry in enumerate(entries):
+            bf = f"{fld}.bindings[{bi}]"
+            b = self.pass_binding(bi, entry, bf, pid, pscope, roles, bindings)
+            res_key = f"uniform:{b.var_name}" if b.role == "uniform" else b.resource
+            if res_key in by_resource:
+                other = resolved[by_resource[res_key]]
+                raise self.err(bf, f"{b.resource!r} is already bound at binding {other.index} "
+                                   f"({other.access}) of this pass; a buffer may be bound once per pass "
+                                   f"(wgpu rejects a buffer bound twice, or read and read_write, in one dispatch)")
+            if b.var_name in by_var:
+                raise self.err(bf, f"WGSL variable {b.var_name!r} is already declared by binding {by_var[b.var_name]}")
+            by_resource[res_key] = bi
+            by_var[b.var_name] = bi
+            resolved.append(b)
+
+        disp = self.obj(d["dispatch"], f"{fld}.dispatch", set(_DISPATCH_KEYS), {"x"})
+        dispatch: list[Value] = []
+        for axis in _DISPATCH_KEYS:
+            raw = disp.get(axis, 1)
+            f = f"{fld}.dispatch.{axis}"
+            if isinstance(raw, str):
+                dispatch.append(self.expr(raw, f, pscope))
+            else:
+                dispatch.append(self.integer(raw, f, minimum=0))
+        return Pass(pid, pname, shader, pderive, tuple(resolved), tuple(dispatch),  # type: ignore[arg-type]
+                    self.string(d.get("description", ""), f"{fld}.description", nonempty=False))
+
+    def pass_binding(self, index: int, entry: Any, fld: str, pass_id: str, scope: Scope,
+                     roles: Mapping[str, str], bindings: Mapping[str, BindingDecl]) -> PassBinding:
+        if isinstance(entry, str):
+            if entry in bindings:
+                self.used_bindings.add(entry)
+                decl = bindings[entry]
+                src = f"bindings.{entry}"
+                ref = entry
+            elif entry in roles:
+                decl = BindingDecl(entry, entry)
+                src = fld
+                ref = entry
+            else:
+                known = list(bindings) + list(roles)
+                raise self.err(fld, f"unknown binding {entry!r}{suggest(entry, known)}: not a key of the top-level "
+                                    f"'bindings' nor an input, output or intermediate of this variant")
+        elif isinstance(entry, dict):
+            if "arg" in entry:
+                d = self.obj(entry, fld, _ARG_KEYS)
+                arg = self.string(d["arg"], f"{fld}.arg")
+                if arg not in roles:
+                    raise self.err(f"{fld}.arg", f"{arg!r} is not an input, output or intermediate of this variant"
+                                                 f"{suggest(arg, roles)}")
+                decl = self.binding_decl(arg, {k: v for k, v in d.items() if k != "arg"}, fld)
+                src = fld
+                ref = f"arg:{arg}"
+            elif "struct" in entry:
+                d = self.obj(entry, fld, _INLINE_STRUCT_KEYS, {"name", "struct"})
+                decl = self.binding_decl(str(d.get("name")), d, fld)
+                src = fld
+                ref = f"struct:{decl.name}"
+            else:
+                raise self.err(fld, "an inline binding needs 'arg' (an input, output or intermediate) "
+                                    "or 'name' and 'struct' (a uniform)")
+        else:
+            raise self.err(fld, f"expected a binding name or an object, found {_json_type(entry)}")
+
+        if decl.struct is not None:
+            for mi, m in enumerate(decl.struct):
+                if isinstance(m.value, Expr):
+                    try:
+                        m.value.check(scope)
+                    except ExpressionError as ex:
+                        used = "" if src == fld else f" (as used by {fld})"
+                        raise self.err(f"{src}.struct[{mi}].value", f"{ex}{used}") from None
+            return PassBinding(index, ref, decl.name, decl.name, "uniform", "uniform", None, None, decl.struct, fld)
+
+        resource = decl.name
+        if resource not in roles:
+            raise self.err(fld, f"binding {ref!r} refers to {resource!r}, which is not an input, output or "
+                                f"intermediate of this variant{suggest(resource, roles)}")
+        role = roles[resource]
+        if decl.buffer is not None:
+            access = ACCESS_BY_BUFFER[decl.buffer]
+        else:
+            access = "read" if role == "input" else "read_write"
+        if role == "input" and access == "read_write":
+            raise self.err(fld, f"input {resource!r} cannot be bound as writable storage (inputs are read-only)")
+        if decl.element_type is not None and decl.element_type.startswith("$"):
+            dname = decl.element_type[1:]
+            if dname not in scope.names:
+                where = f"{src}.elementType"
+                raise self.err(fld, f"{where} is {decl.element_type!r}, but {dname!r} is not a derived name "
+                                    f"defined for this pass{suggest(dname, scope.names)}")
+        if isinstance(decl.length, Expr):
+            try:
+                decl.length.check(scope)
+            except ExpressionError as ex:
+                used = "" if src == fld else f" (as used by {fld})"
+                raise self.err(f"{src}.length", f"{ex}{used}") from None
+        return PassBinding(index, ref, resource, resource, role, access, decl.element_type, decl.length, None, fld)
+
+
+def load_spec(path: str | Path) -> KernelSpec:
+    """Load and validate one ``*.kernel.json``. Raises SpecError(file, field, reason)."""
+    return _Loader(Path(path)).load()
+
+
+# --------------------------------------------------------------------------- registry
+
+
+def _norm_domain(domain: str | None) -> str:
+    return DEFAULT_DOMAIN if domain in (None, "", "ai.onnx") else domain  # type: ignore[return-value]
+
+
+class SpecRegistry:
+    """Loaded specs by (domain, op type); :meth:`find` picks the one for an opset version."""
+
+    def __init__(self, specs: Iterable[KernelSpec] = ()) -> None:
+        self._by_op: dict[tuple[str, str], list[KernelSpec]] = {}
+        for s in specs:
+            self.add(s)
+
+    def add(self, spec: KernelSpec) -> None:
+        key = (_norm_domain(spec.domain), spec.name)
+        lst = self._by_op.setdefault(key, [])
+        for other in lst:
+            if other.since_version == spec.since_version:
+                raise SpecError(spec.path, "sinceVersion",
+                                f"{spec.domain}::{spec.name} sinceVersion {spec.since_version} is also defined "
+                                f"in {other.path}")
+        lst.append(spec)
+        lst.sort(key=lambda s: s.since_version)
+
+    def find(self, domain: str, op_type: str, version: int) -> KernelSpec | None:
+        """The spec for ``op_type`` with the highest sinceVersion <= ``version``, or None."""
+        best = None
+        for s in self._by_op.get((_norm_domain(domain), op_type), ()):
+            if s.since_version <= version:
+                best = s
+        return best
+
+    def ops(self) -> list[tuple[str, str]]:
+        return sorted(self._by_op)
+
+    def __iter__(self) -> Iterator[KernelSpec]:
+        for key in sorted(self._by_op):
+            yield from self._by_op[key]
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._by_op.values())
+
+    def __contains__(self, op: tuple[str, str]) -> bool:
+        return (_norm_domain(op[0]), op[1]) in self._by_op
+
+
+def templates_dir() -> Path:
+    """The installed ``templates`` package folder (falls back to the source tree)."""
+    try:
+        return Path(str(importlib.resources.files("templates")))
+    except (ModuleNotFoundError, TypeError):  # not importable: running from a checkout
+        return Path(__file__).resolve().parent.parent / "templates"
+
+
+def load_specs(directory: str | Path | None = None) -> SpecRegistry:
+    """Load every ``*.kernel.json`` of ``directory`` (default: the templates package)."""
+    d = Path(directory) if directory is not None else templates_dir()
+    if not d.is_dir():
+        raise SpecError(str(d), "<directory>", "not a directory")
+    return SpecRegistry(load_spec(p) for p in sorted(d.glob("*.kernel.json")))
