@@ -23,17 +23,19 @@ from onnx_quant.errors import ExecutionError, QuantError
 
 
 def numpy_dynamic_quantize_linear(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """ONNX DynamicQuantizeLinear written in numpy, with the edge-case behaviour this project
-    implements (onnxruntime CPU's; see docs/backend.md): NaN skipped by min/max, scale 1 when
-    max == min (all zero, all NaN, empty), a NaN zero point -> 255, a NaN quotient -> 0."""
+    """ONNX DynamicQuantizeLinear in numpy with the behaviour this project implements on every
+    input: the ONNX reference implementation's (``onnx.reference``), extended to empty input
+    (see docs/backend.md): a NaN anywhere gives scale NaN, zero point 255 and y all 0;
+    max == min (all zero, empty) gives scale RN(1/255); a NaN zero point is 255 and a NaN
+    quotient quantizes to 0."""
     x = np.asarray(x, dtype=np.float32)
     with np.errstate(all="ignore"):
         if x.size:
-            lo = np.float32(min(np.float32(0), np.nanmin(x))) if not np.isnan(x).all() else np.float32(0)
-            hi = np.float32(max(np.float32(0), np.nanmax(x))) if not np.isnan(x).all() else np.float32(0)
+            hi = np.maximum(np.float32(0), x.max())  # NaN propagates
+            lo = np.minimum(np.float32(0), x.min())
         else:
             lo = hi = np.float32(0)
-        scale = np.float32(1) if hi == lo else np.float32(hi - lo) / np.float32(255)
+        scale = (np.float32(1) if hi == lo else np.float32(hi - lo)) / np.float32(255)
         zp_f = np.float32(0) - lo / scale
         zp = np.float32(255) if np.isnan(zp_f) else np.float32(np.rint(np.clip(zp_f, 0, 255)))
         q = np.rint(x / scale) + zp
@@ -44,6 +46,7 @@ def numpy_dynamic_quantize_linear(x: np.ndarray) -> tuple[np.ndarray, np.ndarray
 def numpy_onnx_formula(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The ONNX specification's formula, literally, in numpy (what the bench times as "numpy");
     equal to :func:`numpy_dynamic_quantize_linear` on inputs without NaN and not all zero."""
+    x = np.asarray(x, dtype=np.float32)
     x_min = np.minimum(np.float32(0), x.min())
     x_max = np.maximum(np.float32(0), x.max())
     scale = np.float32(x_max - x_min) / np.float32(255)

@@ -68,7 +68,7 @@ def pack_array(array: np.ndarray, onnx_type: str | int) -> bytes | memoryview:
         if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and np.little_endian is False):
             arr = arr.astype(arr.dtype.newbyteorder("<"))
         if arr.nbytes % 4 == 0:
-            return memoryview(arr.reshape(-1)).cast("B")  # no copy: write_buffer copies once
+            return memoryview(arr.reshape(-1).view(np.uint8))  # no copy: write_buffer copies once
         raw = arr.tobytes()
     elif et.bits in (4, 2):
         per = 8 // et.bits

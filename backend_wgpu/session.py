@@ -57,6 +57,19 @@ def _value_info_shape(vi: onnx.ValueInfoProto) -> list[Any] | None:
     return dims
 
 
+_SPECS = None
+
+
+def _specs():
+    """The kernel specs, loaded once per process (they are package data)."""
+    global _SPECS
+    if _SPECS is None:
+        from backend_wgpu.spec import load_specs  # noqa: PLC0415
+
+        _SPECS = load_specs()
+    return _SPECS
+
+
 def node_label(node: onnx.NodeProto, index: int) -> str:
     return node.name or f"{node.op_type}_{index}"
 
@@ -81,12 +94,10 @@ class Session:
         device: GpuDevice | None = None,
         limits: str | Mapping[str, int] | None = None,
     ) -> None:
-        from backend_wgpu.spec import load_specs  # noqa: PLC0415
-
         self.model = load_model(model_or_path)
         graph = self.model.graph
         self._opsets = {(imp.domain or ""): imp.version for imp in self.model.opset_import}
-        specs = load_specs()
+        specs = _specs()
         self._initializers = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
         self._inputs = [vi for vi in graph.input if vi.name not in self._initializers]
         self._outputs = [vi.name for vi in graph.output]

@@ -1,0 +1,142 @@
+"""The GPU subcommands: devices, explain, run, bench; conformance and demo say they come later."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from backend_wgpu.commands import dql_model, numpy_dynamic_quantize_linear
+from onnx_quant.cli import main
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    from conftest import no_gpu
+
+    from backend_wgpu.device import list_adapters
+    from onnx_quant.errors import DeviceError
+
+    try:
+        adapters = list_adapters()
+    except DeviceError as e:
+        no_gpu(str(e))
+    if not adapters:
+        no_gpu("wgpu lists no adapter")
+    return adapters
+
+
+@pytest.fixture
+def model_path(tmp_path):
+    path = tmp_path / "dql.onnx"
+    onnx.save(dql_model(1), path)
+    return path
+
+
+def run_cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_devices(gpu, capsys):
+    code, out, _ = run_cli(capsys, "devices")
+    assert code == 0
+    assert gpu[0].summary in out and "(default)" in out
+    assert "maxStorageBufferBindingSize" in out and "maxComputeWorkgroupsPerDimension" in out
+    code, out, _ = run_cli(capsys, "devices", "--json")
+    report = json.loads(out)
+    assert code == 0 and len(report) == len(gpu)
+    first = report[0]
+    assert first["default"] and first["index"] == 0
+    assert {"summary", "backend", "features", "kernel_features", "limits"} <= set(first)
+    assert "maxComputeInvocationsPerWorkgroup" in first["limits"]  # read by the DQL spec
+    if "subgroup" in gpu[0].features:
+        assert "subgroup" in first["kernel_features"]
+
+
+def test_explain(gpu, capsys, model_path):
+    code, out, _ = run_cli(capsys, "explain", model_path)
+    assert code == 0
+    assert "DynamicQuantizeLinear" in out and "single_invocation" in out and "dispatch [1, 1, 1]" in out
+    code, out, _ = run_cli(capsys, "explain", model_path, "--json")
+    entries = json.loads(out)
+    assert code == 0 and len(entries) == 1
+    e = entries[0]
+    assert {"node", "op_type", "kernel", "variant", "passes"} <= set(e)
+    assert e["passes"][0]["name"] and e["passes"][0]["dispatch"] == [1, 1, 1]
+
+
+def test_run_random_and_compare(gpu, capsys, model_path, tmp_path):
+    out_dir = tmp_path / "out"
+    code, out, err = run_cli(capsys, "run", model_path, "--random", "-o", out_dir, "--compare", "onnxruntime")
+    assert code == 0, err
+    assert "compare onnxruntime y: identical" in out
+    x = np.load(out_dir / "x.npy")
+    y = np.load(out_dir / "y.npy")
+    assert np.array_equal(y, numpy_dynamic_quantize_linear(x)[0])
+    code, out, err = run_cli(capsys, "run", model_path, "--input", f"x={out_dir / 'x.npy'}", "--compare", "reference")
+    assert code == 0 and "compare reference y_scale: identical" in out
+
+
+def test_run_reports_a_difference(gpu, capsys, model_path, tmp_path):
+    zeros = tmp_path / "zeros.npy"
+    np.save(zeros, np.zeros(8, np.float32))
+    # all zero: onnxruntime's scale is 1.0, ours (the reference's) RN(1/255)
+    code, out, _ = run_cli(capsys, "run", model_path, "--input", f"x={zeros}", "--compare", "onnxruntime")
+    assert code == 1 and "compare onnxruntime y_scale: 1 of 1 elements differ" in out
+    code, out, _ = run_cli(capsys, "run", model_path, "--input", f"x={zeros}", "--compare", "reference")
+    assert code == 0
+
+
+def test_run_errors_are_one_line(gpu, capsys, model_path, tmp_path):
+    code, _, err = run_cli(capsys, "run", model_path)
+    assert code == 1 and "missing" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    code, _, err = run_cli(capsys, "run", model_path, "--input", "x=/no/such.npy")
+    assert code == 1 and "cannot read" in err
+    code, _, err = run_cli(capsys, "run", tmp_path / "missing.onnx")
+    assert code == 2
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
+    relu = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
+                             opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(relu, tmp_path / "relu.onnx")
+    code, _, err = run_cli(capsys, "run", tmp_path / "relu.onnx", "--random")
+    assert code == 1 and "Relu" in err and "no GPU kernel" in err
+    code, _, err = run_cli(capsys, "explain", model_path, "--adapter", "no-such-adapter")
+    assert code == 1 and "no usable adapter" in err
+
+
+def test_bench_small(gpu, capsys):
+    code, out, err = run_cli(capsys, "bench", "--sizes", "10", "--repeat", "1", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    rows = result["rows"]
+    impls = {r["impl"] for r in rows}
+    assert {"numpy", "gpu"} <= impls
+    gpu_rows = [r for r in rows if r["impl"] == "gpu"]
+    assert {r["variant"] for r in gpu_rows} == {"single_invocation", "parallel_subgroup_reduce_vec4",
+                                                "parallel_subgroup_reduce", "grid_stride_reduce_vec4",
+                                                "grid_stride_reduce"}
+    for r in gpu_rows:
+        assert r["exact"] and r["compilations"] == 0 and r["buffers"] == 0 and r["gb_per_s"] > 0
+    code, out, err = run_cli(capsys, "bench", "--sizes", "1")
+    assert code == 1 and "--sizes" in err
+
+
+@pytest.mark.parametrize("command", ["conformance", "demo"])
+def test_later_commands_do_not_traceback(capsys, command):
+    code, _, err = run_cli(capsys, command)
+    assert code in (0, 1) and "Traceback" not in err
+
+
+def test_cli_entry_point_runs(gpu, model_path):
+    out = subprocess.run([sys.executable, "-m", "onnx_quant", "explain", str(model_path), "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)[0]["variant"] == "single_invocation"
