@@ -140,7 +140,8 @@ def tidy(value: np.ndarray | None, elem_type: int) -> np.ndarray | None:
             return None
         return value
     if value.dtype != dt:
-        value = value.astype(dt)
+        with np.errstate(all="ignore"):
+            value = value.astype(dt)
     return value
 
 
@@ -329,3 +330,20 @@ def check_same_type(n, rule: str, infos: Sequence[TensorInfo | None], names: Seq
             n.report(rule, f"input {name} must have the element type of {first_name}", subject=f"input {name}",
                      expected=type_text(t), found=type_text(et))
     return t
+
+
+def need(n, rule: str, *names: str, at: Sequence[int] | None = None) -> list[TensorInfo]:
+    """Infos of required inputs ``names`` (at positions 0, 1 ... or ``at``).
+
+    A required input that is absent (or given the empty name) stops the rule with an error
+    naming it.
+    """
+    positions = range(len(names)) if at is None else at
+    out = []
+    for i, name in zip(positions, names):
+        info = n.input(i)
+        if info is None:
+            n.fail(rule, f"required input {name} (#{i}) is missing", subject=f"input {name}",
+                   expected=f"a tensor at input #{i}", found="no input")
+        out.append(info)
+    return out

@@ -35,7 +35,7 @@ from inference.context import TensorInfo
 from inference.registry import register
 from inference.rules import shape_math
 from inference.rules._wm_common import (
-    FLOAT, broadcast_shapes, first_type, norm_axes, norm_axis, shape_problem, shape_text, type_text,
+    FLOAT, broadcast_shapes, first_type, need, norm_axes, norm_axis, shape_problem, shape_text, type_text,
 )
 from inference.rules.nn import gemm_output_shape, global_pool_shape, pool_output_shape
 from inference.rules.tensor_ops import concat_shape
@@ -101,7 +101,8 @@ def _check_per_axis(n, rule: str, x: TensorInfo, params, axis) -> None:
 @register("QuantizeLinear", 1, domain=MS)
 def quantize_linear(ctx, n) -> None:
     rule = "QuantizeLinear"
-    x, scale, zp = n.input(0), n.input(1), _opt(n, 2)
+    x, scale = need(n, rule, "x", "y_scale")
+    zp = _opt(n, 2)
     if x.elem_type and scale.elem_type and x.elem_type != scale.elem_type:
         n.report(rule, "y_scale must have x's element type", subject="input y_scale", expected=type_text(x.elem_type),
                  found=type_text(scale.elem_type))
@@ -113,7 +114,8 @@ def quantize_linear(ctx, n) -> None:
 @register("DequantizeLinear", 1, domain=MS)
 def dequantize_linear(ctx, n) -> None:
     rule = "DequantizeLinear"
-    x, scale, zp = n.input(0), n.input(1), _opt(n, 2)
+    x, scale = need(n, rule, "x", "x_scale")
+    zp = _opt(n, 2)
     if zp is not None and zp.elem_type and x.elem_type and zp.elem_type != x.elem_type:
         n.report(rule, "x_zero_point must have x's element type", subject="input x_zero_point",
                  expected=type_text(x.elem_type), found=type_text(zp.elem_type))
@@ -136,7 +138,7 @@ def _broadcast(n, rule: str, infos, names) -> tuple | None:
 
 def qlinear_binary(ctx, n) -> None:
     rule = n.node.op_type
-    a, b = n.input(0), n.input(3)
+    a, _, b, _, _ = need(n, rule, "A", "A_scale", "B", "B_scale", "C_scale", at=(0, 1, 3, 4, 6))
     c_zp = _opt(n, 7)
     _check_quantized(n, rule, a, "A")
     if a.elem_type and b.elem_type and a.elem_type != b.elem_type:
@@ -157,7 +159,8 @@ register("QLinearMul", 1, domain=MS)(qlinear_binary)
 @register("QLinearWhere", 1, domain=MS)
 def qlinear_where(ctx, n) -> None:
     rule = "QLinearWhere"
-    cond, x, y, z_zp = n.input(0), n.input(1), n.input(4), _opt(n, 8)
+    cond, x, _, _, y, _, _, _, z_zp = need(n, rule, "condition", "X", "x_scale", "x_zero_point", "Y", "y_scale",
+                                           "y_zero_point", "z_scale", "z_zero_point")
     if cond.elem_type and cond.elem_type != TensorProto.BOOL:
         n.report(rule, "condition must be bool", subject="input condition", expected="bool",
                  found=type_text(cond.elem_type))
@@ -179,10 +182,10 @@ def qlinear_concat(ctx, n) -> None:
     axis = n.attr("axis")
     if axis is None:
         n.fail(rule, "attribute axis is required", subject="attribute axis", expected="an axis", found="none")
-    y_scale, y_zp = n.input(0), n.input(1)
+    y_scale, y_zp = need(n, rule, "Y_scale", "Y_zero_point")
     _check_scale(n, rule, y_scale, "Y_scale")
-    tensors = [n.input(i) for i in range(2, count, 3)]
     names = [f"#{i} (X{k})" for k, i in enumerate(range(2, count, 3))]
+    tensors = need(n, rule, *names, at=range(2, count, 3))
     t = first_type(y_zp, *tensors)
     for info, name in zip(tensors, names):
         if info.elem_type and t and info.elem_type != t:
@@ -194,7 +197,7 @@ def qlinear_concat(ctx, n) -> None:
 # ---------------------------------------------------------------- unary / pools / reductions
 def qlinear_unary(ctx, n) -> None:
     rule = n.node.op_type
-    x = n.input(0)
+    x, _, _ = need(n, rule, "X", "X_scale", "Y_scale", at=(0, 1, 3))
     _check_quantized(n, rule, x, "X")
     _check_scale(n, rule, _opt(n, 1), "X_scale")
     _check_scale(n, rule, _opt(n, 3), "Y_scale")
@@ -212,7 +215,7 @@ for _op in ("QLinearLeakyRelu", "QLinearSigmoid", "QLinearSoftmax"):
 @register("QLinearGlobalAveragePool", 1, domain=MS)
 def qlinear_global_average_pool(ctx, n) -> None:
     rule = "QLinearGlobalAveragePool"
-    x = n.input(0)
+    x, *_ = need(n, rule, "X", "x_scale", "x_zero_point", "y_scale", "y_zero_point")
     _check_quantized(n, rule, x, "X")
     shape = global_pool_shape(n, rule, x.shape, channels_last=bool(n.attr("channels_last", 0)))
     n.set_output(0, TensorInfo(x.elem_type, shape))
@@ -221,7 +224,7 @@ def qlinear_global_average_pool(ctx, n) -> None:
 @register("QLinearAveragePool", 1, domain=MS)
 def qlinear_average_pool(ctx, n) -> None:
     rule = "QLinearAveragePool"
-    x = n.input(0)
+    x, _, _ = need(n, rule, "X", "x_scale", "y_scale", at=(0, 1, 3))
     _check_quantized(n, rule, x, "X")
     channels_last = bool(n.attr("channels_last", 0))
     shape = x.shape
@@ -236,7 +239,7 @@ def qlinear_average_pool(ctx, n) -> None:
 @register("QLinearReduceMean", 1, domain=MS)
 def qlinear_reduce_mean(ctx, n) -> None:
     rule = "QLinearReduceMean"
-    x = n.input(0)
+    x, _, _ = need(n, rule, "data", "data_scale", "reduced_scale", at=(0, 1, 3))
     _check_quantized(n, rule, x, "data")
     keepdims = bool(n.attr("keepdims", 1))
     axes = n.attr("axes")
@@ -254,7 +257,7 @@ def qlinear_reduce_mean(ctx, n) -> None:
 @register("QGemm", 1, domain=MS)
 def qgemm(ctx, n) -> None:
     rule = "QGemm"
-    a, b = n.input(0), n.input(3)
+    a, _, _, b, _, _ = need(n, rule, "A", "a_scale", "a_zero_point", "B", "b_scale", "b_zero_point")
     y_zp = _opt(n, 8)
     _check_quantized(n, rule, a, "A")
     _check_quantized(n, rule, b, "B")
@@ -284,7 +287,7 @@ def _matmul_shape(n, rule: str, a: TensorInfo, b: TensorInfo):
 @register("DynamicQuantizeMatMul", 1, domain=MS)
 def dynamic_quantize_matmul(ctx, n) -> None:
     rule = "DynamicQuantizeMatMul"
-    a, b = n.input(0), n.input(1)
+    a, b, _ = need(n, rule, "A", "B", "b_scale")
     _check_quantized(n, rule, b, "B")
     _check_scale(n, rule, _opt(n, 2), "b_scale", expected=a.elem_type or FLOAT, scalar=False)
     _check_zp(n, rule, _opt(n, 3), "b_zero_point", b.elem_type, scalar=False)
@@ -294,7 +297,7 @@ def dynamic_quantize_matmul(ctx, n) -> None:
 @register("MatMulIntegerToFloat", 1, domain=MS)
 def matmul_integer_to_float(ctx, n) -> None:
     rule = "MatMulIntegerToFloat"
-    a, b, a_scale = n.input(0), n.input(1), n.input(2)
+    a, b, a_scale, _ = need(n, rule, "A", "B", "a_scale", "b_scale")
     _check_quantized(n, rule, a, "A")
     _check_quantized(n, rule, b, "B")
     b_scale = _opt(n, 3)
@@ -309,7 +312,7 @@ def matmul_integer_to_float(ctx, n) -> None:
 @register("MatMulNBits", 1, domain=MS)
 def matmul_nbits(ctx, n) -> None:
     rule = "MatMulNBits"
-    a, b = n.input(0), n.input(1)
+    a, b, _ = need(n, rule, "A", "B", "scales")
     k, nn, block = n.attr("K"), n.attr("N"), n.attr("block_size")
     bits = int(n.attr("bits", 4))
     for name, v in (("K", k), ("N", nn), ("block_size", block)):
@@ -342,9 +345,14 @@ def matmul_nbits(ctx, n) -> None:
 @register("GatherBlockQuantized", 1, domain=MS)
 def gather_block_quantized(ctx, n) -> None:
     rule = "GatherBlockQuantized"
-    data, idx, scales = n.input(0), n.input(1), n.input(2)
+    data, idx, scales = need(n, rule, "data", "indices", "scales")
     bits = int(n.attr("bits", 4))
     block = int(n.attr("block_size", 128))
+    if bits not in (4, 8):
+        n.fail(rule, "bits must be 4 or 8", subject="attribute bits", expected="4 or 8", found=bits)
+    if block < 16 or block & (block - 1):
+        n.fail(rule, "block_size must be a power of 2 and >= 16", subject="attribute block_size",
+               expected="16, 32, 64, ...", found=block)
     if idx.elem_type and idx.elem_type not in (TensorProto.INT32, TensorProto.INT64):
         n.report(rule, "indices must be int32 or int64", subject="input indices", expected="int32 or int64",
                  found=type_text(idx.elem_type))

@@ -9,12 +9,13 @@ entries included where the operation is defined on dims.
 from __future__ import annotations
 
 import numpy as np
+from onnx import TensorProto
 
 from inference import dims
 from inference.context import TensorInfo
 from inference.registry import register
 from inference.rules._wm_common import (
-    BOOL, MAX_VALUE_ELEMS, broadcast_shapes, check_same_type, elementwise_symbolic, exact_div, nonneg, np_dtype, shape_text, tidy, type_text,
+    BOOL, MAX_VALUE_ELEMS, broadcast_shapes, check_same_type, elementwise_symbolic, exact_div, need, nonneg, np_dtype, shape_text, tidy, type_text,
 )
 
 # ---------------------------------------------------------------- value arithmetic
@@ -100,7 +101,7 @@ def _broadcast(n, rule: str, infos) -> tuple | None:
 # ---------------------------------------------------------------- binary arithmetic
 def arithmetic(ctx, n) -> None:
     rule = n.node.op_type
-    a, b = n.input(0), n.input(1)
+    a, b = need(n, rule, "A", "B")
     t = check_same_type(n, rule, (a, b), ("A", "B"))
     shape = _broadcast(n, rule, (a, b))
     n.set_output(0, TensorInfo(t, shape, _binary_value(rule, a, b, t, _NP_BINARY, _SYM_BINARY) if shape is not None else None))
@@ -112,7 +113,7 @@ for _op in ("Add", "Sub", "Mul", "Div"):
 
 @register("Pow", 7, 12, 13, 15)
 def pow_rule(ctx, n) -> None:
-    x, y = n.input(0), n.input(1)
+    x, y = need(n, "Pow", "X", "Y")
     if n.version < 12:
         check_same_type(n, "Pow", (x, y), ("X", "Y"))
     n.set_output(0, TensorInfo(x.elem_type, _broadcast(n, "Pow", (x, y))))
@@ -121,7 +122,7 @@ def pow_rule(ctx, n) -> None:
 # ---------------------------------------------------------------- comparisons
 def compare(ctx, n) -> None:
     rule = n.node.op_type
-    a, b = n.input(0), n.input(1)
+    a, b = need(n, rule, "A", "B")
     check_same_type(n, rule, (a, b), ("A", "B"))
     shape = _broadcast(n, rule, (a, b))
     value = _binary_value(rule, a, b, BOOL, _NP_COMPARE, _SYM_COMPARE) if shape is not None else None
@@ -135,7 +136,7 @@ register("Greater", 7, 9, 13)(compare)
 
 @register("Not", 1)
 def not_rule(ctx, n) -> None:
-    x = n.input(0)
+    x, = need(n, "Not", "X")
     if x.elem_type and x.elem_type != BOOL:
         n.report("Not", "input must be bool", subject="input X", expected="bool", found=type_text(x.elem_type))
     value = None
@@ -149,7 +150,7 @@ def not_rule(ctx, n) -> None:
 
 # ---------------------------------------------------------------- unary, same type and shape
 def same_as_input(ctx, n) -> None:
-    x = n.input(0)
+    x, = need(n, n.node.op_type, "X")
     n.set_output(0, TensorInfo(x.elem_type, x.shape))
 
 
@@ -163,8 +164,8 @@ for _op, _versions in (
 
 @register("Identity", 1, 13, 14, 16, 19, 21, 23, 24, 25)
 def identity(ctx, n) -> None:
-    name = n.input_name(0)
-    info = ctx.get(name)
+    need(n, "Identity", "input")
+    info = ctx.get(n.input_name(0))
     if info is not None:
         n.set_output(0, info)
 
@@ -176,7 +177,7 @@ def _select(c, a, b):
 
 @register("Where", 9, 16)
 def where(ctx, n) -> None:
-    c, x, y = n.input(0), n.input(1), n.input(2)
+    c, x, y = need(n, "Where", "condition", "X", "Y")
     if c.elem_type and c.elem_type != BOOL:
         n.report("Where", "condition must be bool", subject="input condition", expected="bool",
                  found=type_text(c.elem_type))
@@ -195,6 +196,8 @@ def where(ctx, n) -> None:
 
 
 # ---------------------------------------------------------------- casts
+_TYPE_CODES = frozenset(TensorProto.DataType.values())
+
 def _cast_value(v: np.ndarray | None, to: int) -> np.ndarray | None:
     if v is None or v.size > MAX_VALUE_ELEMS:
         return None
@@ -215,17 +218,17 @@ def _cast_value(v: np.ndarray | None, to: int) -> np.ndarray | None:
 
 @register("Cast", 6, 9, 13, 19, 21, 23, 24, 25, 28)
 def cast(ctx, n) -> None:
-    x = n.input(0)
+    x, = need(n, "Cast", "input")
     to = n.attr("to")
-    if to is None:
-        n.fail("Cast", "attribute 'to' is required", subject="attribute to", expected="an element type",
-               found="none")
+    if to is None or int(to) not in _TYPE_CODES or int(to) == 0:
+        n.fail("Cast", "attribute 'to' must name an element type", subject="attribute to",
+               expected="a TensorProto data type", found="none" if to is None else to)
     n.set_output(0, TensorInfo(int(to), x.shape, _cast_value(x.value, int(to))))
 
 
 @register("CastLike", 15, 19, 21, 23, 24, 25)
 def cast_like(ctx, n) -> None:
-    x, like = n.input(0), n.input(1)
+    x, like = need(n, "CastLike", "input", "target_type")
     to = like.elem_type
     n.set_output(0, TensorInfo(to, x.shape, _cast_value(x.value, to) if to else None))
 
@@ -233,7 +236,7 @@ def cast_like(ctx, n) -> None:
 # ---------------------------------------------------------------- Dropout
 @register("Dropout", 1, 6, 7, 10, 12, 13, 22)
 def dropout(ctx, n) -> None:
-    x = n.input(0)
+    x, = need(n, "Dropout", "data")
     n.set_output(0, TensorInfo(x.elem_type, x.shape))
     if n.output_name(1):
         mask_type = x.elem_type if n.version < 10 else BOOL

@@ -15,7 +15,7 @@ from inference.dims import DimLike
 from inference.registry import register
 from inference.rules import shape_math
 from inference.rules._wm_common import (
-    FLOAT, INT64, check_same_type, merge_dim, norm_axis, shape_problem, shape_text,
+    FLOAT, INT64, check_same_type, merge_dim, need, norm_axis, shape_problem, shape_text,
 )
 
 
@@ -30,7 +30,7 @@ def _ints(v) -> list[int] | None:
 # ---------------------------------------------------------------- MatMul / Gemm
 @register("MatMul", 1, 9, 13)
 def matmul(ctx, n) -> None:
-    a, b = n.input(0), n.input(1)
+    a, b = need(n, "MatMul", "A", "B")
     t = check_same_type(n, "MatMul", (a, b), ("A", "B"))
     try:
         shape = shape_math.matmul_output_shape(a.shape, b.shape)
@@ -61,8 +61,8 @@ def gemm_output_shape(n, rule: str, a_shape, b_shape, trans_a: bool, trans_b: bo
 
 @register("Gemm", 1, 6, 7, 9, 11, 13)
 def gemm(ctx, n) -> None:
-    a, b = n.input(0), n.input(1)
-    c = n.input(2) if n.has_input(2) else None
+    a, b = need(n, "Gemm", "A", "B")
+    c = n.input(2)
     t = check_same_type(n, "Gemm", (a, b, c), ("A", "B", "C"))
     shape = gemm_output_shape(n, "Gemm", a.shape, b.shape, bool(n.attr("transA", 0)), bool(n.attr("transB", 0)))
     if c is not None and c.shape is not None and shape is not None and n.version >= 7:
@@ -83,8 +83,8 @@ def conv_attrs(n) -> dict:
 
 @register("Conv", 1, 11, 22)
 def conv(ctx, n) -> None:
-    x, w = n.input(0), n.input(1)
-    b = n.input(2) if n.has_input(2) else None
+    x, w = need(n, "Conv", "X", "W")
+    b = n.input(2)
     t = check_same_type(n, "Conv", (x, w, b), ("X", "W", "B"))
     try:
         shape = shape_math.conv_output_shape(x.shape, w.shape, **conv_attrs(n))
@@ -156,8 +156,8 @@ def conv_transpose_output_shape(n, rule: str, x_shape, w_shape) -> tuple | None:
 
 @register("ConvTranspose", 1, 11, 22)
 def conv_transpose(ctx, n) -> None:
-    x, w = n.input(0), n.input(1)
-    b = n.input(2) if n.has_input(2) else None
+    x, w = need(n, "ConvTranspose", "X", "W")
+    b = n.input(2)
     t = check_same_type(n, "ConvTranspose", (x, w, b), ("X", "W", "B"))
     n.set_output(0, TensorInfo(t, conv_transpose_output_shape(n, "ConvTranspose", x.shape, w.shape)))
 
@@ -247,7 +247,7 @@ def pool_output_shape(n, rule: str, x_shape, *, ceil_mode: bool, use_dilations: 
 
 @register("MaxPool", 1, 8, 10, 11, 12, 22)
 def max_pool(ctx, n) -> None:
-    x = n.input(0)
+    x, = need(n, "MaxPool", "X")
     if n.attr("storage_order", 0) not in (0, 1):
         n.fail("MaxPool", "storage_order must be 0 or 1", subject="attribute storage_order", expected="0 or 1",
                found=n.attr("storage_order"))
@@ -260,7 +260,7 @@ def max_pool(ctx, n) -> None:
 
 @register("AveragePool", 1, 7, 10, 11, 19, 22)
 def average_pool(ctx, n) -> None:
-    x = n.input(0)
+    x, = need(n, "AveragePool", "X")
     shape = pool_output_shape(n, "AveragePool", x.shape, ceil_mode=n.version >= 10 and bool(n.attr("ceil_mode", 0)),
                               use_dilations=n.version >= 19, drop_last=n.version >= 22)
     n.set_output(0, TensorInfo(x.elem_type, shape))
@@ -279,13 +279,13 @@ def global_pool_shape(n, rule: str, x_shape, channels_last: bool = False) -> tup
 
 @register("GlobalAveragePool", 1, 22)
 def global_average_pool(ctx, n) -> None:
-    x = n.input(0)
+    x, = need(n, "GlobalAveragePool", "X")
     n.set_output(0, TensorInfo(x.elem_type, global_pool_shape(n, "GlobalAveragePool", x.shape)))
 
 
 @register("GlobalMaxPool", 1, 22)
 def global_max_pool(ctx, n) -> None:
-    x = n.input(0)
+    x, = need(n, "GlobalMaxPool", "X")
     n.set_output(0, TensorInfo(x.elem_type, global_pool_shape(n, "GlobalMaxPool", x.shape)))
 
 
@@ -307,8 +307,9 @@ def _channels(n, rule: str, x_shape, params: Sequence[tuple[str, TensorInfo]]) -
 
 @register("BatchNormalization", 7, 9, 14, 15)
 def batch_normalization(ctx, n) -> None:
-    x = n.input(0)
-    params = [(name, n.input(i)) for i, name in enumerate(("scale", "B", "input_mean", "input_var"), start=1)]
+    names = ("scale", "B", "input_mean", "input_var")
+    x, *infos = need(n, "BatchNormalization", "X", *names)
+    params = list(zip(names, infos))
     if x.shape is not None and len(x.shape) < 1:
         n.fail("BatchNormalization", "input must have rank >= 1", subject="input X", expected="rank >= 1",
                found="rank 0")
@@ -327,8 +328,8 @@ def batch_normalization(ctx, n) -> None:
 
 @register("LayerNormalization", 17)
 def layer_normalization(ctx, n) -> None:
-    x = n.input(0)
-    check_same_type(n, "LayerNormalization", (x, n.input(1)), ("X", "Scale"))
+    x, scale = need(n, "LayerNormalization", "X", "Scale")
+    check_same_type(n, "LayerNormalization", (x, scale), ("X", "Scale"))
     stash = int(n.attr("stash_type", FLOAT))
     n.set_output(0, TensorInfo(x.elem_type, x.shape))
     stat_shape = None
@@ -343,7 +344,7 @@ def layer_normalization(ctx, n) -> None:
 
 # ---------------------------------------------------------------- softmax
 def softmax(ctx, n) -> None:
-    x = n.input(0)
+    x, = need(n, n.node.op_type, "input")
     if x.shape is not None:
         default = -1 if n.version >= 13 else 1
         r = len(x.shape)

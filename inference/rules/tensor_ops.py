@@ -21,7 +21,7 @@ from inference.dims import DimLike
 from inference.registry import register
 from inference.rules._wm_common import (
     BIG, INT64, MAX_VALUE_ELEMS, as_object, broadcast_shapes, check_same_type, dim_min, entries, exact_div, make_value, max0,
-    merge_dim, nonneg, norm_axes, norm_axis, numeric, product, shape_text, tidy, type_text,
+    merge_dim, need, nonneg, norm_axes, norm_axis, numeric, product, shape_text, tidy, type_text,
 )
 
 #: Constant nodes whose tensor has at most this many elements get their value decoded
@@ -57,7 +57,7 @@ def _set(n, i: int, elem_type: int, shape, value=None) -> None:
 # ---------------------------------------------------------------- Reshape / Flatten
 @register("Reshape", 5, 13, 14, 19, *_LATEST)
 def reshape(ctx, n) -> None:
-    data, target_info = n.input(0), n.input(1)
+    data, target_info = need(n, "Reshape", "data", "shape")
     t = data.elem_type
     if target_info.shape is not None and len(target_info.shape) != 1:
         n.fail("Reshape", "the shape input must be 1-D", subject="input shape", expected="rank 1",
@@ -119,7 +119,7 @@ def reshape(ctx, n) -> None:
 
 @register("Flatten", 1, 9, 11, 13, *_LATEST)
 def flatten(ctx, n) -> None:
-    x = n.input(0)
+    x, = need(n, "Flatten", "input")
     axis = int(n.attr("axis", 1))
     if x.shape is None:
         _set(n, 0, x.elem_type, (None, None))
@@ -138,7 +138,7 @@ def flatten(ctx, n) -> None:
 # ---------------------------------------------------------------- Transpose
 @register("Transpose", 1, 13, *_LATEST)
 def transpose(ctx, n) -> None:
-    x = n.input(0)
+    x, = need(n, "Transpose", "data")
     perm = n.attr("perm")
     if x.shape is None:
         _set(n, 0, x.elem_type, None if perm is None else (None,) * len(perm))
@@ -168,7 +168,7 @@ def _axes_arg(n, since_input: int):
 
 @register("Squeeze", 1, 11, 13, *_LATEST)
 def squeeze(ctx, n) -> None:
-    x = n.input(0)
+    x, = need(n, "Squeeze", "data")
     axes, known = _axes_arg(n, 13)
     if x.shape is None:
         _set(n, 0, x.elem_type, None)
@@ -196,7 +196,7 @@ def squeeze(ctx, n) -> None:
 
 @register("Unsqueeze", 1, 11, 13, *_LATEST)
 def unsqueeze(ctx, n) -> None:
-    x = n.input(0)
+    x, = need(n, "Unsqueeze", "data")
     axes, known = _axes_arg(n, 13)
     if n.version < 13 and axes is None:
         n.fail("Unsqueeze", "attribute axes is required", subject="attribute axes", expected="a list of axes",
@@ -266,7 +266,7 @@ def concat_shape(n, rule: str, shapes, axis: int, names=None) -> tuple | None:
 
 @register("Concat", 4, 11, 13)
 def concat(ctx, n) -> None:
-    infos = [n.input(i) for i in range(len(n.node.input))]
+    infos = need(n, "Concat", *[f"#{i}" for i in range(max(1, len(n.node.input)))])
     t = check_same_type(n, "Concat", infos)
     axis = n.attr("axis")
     if axis is None:
@@ -302,7 +302,7 @@ def concat(ctx, n) -> None:
 
 @register("Split", 2, 11, 13, 18)
 def split(ctx, n) -> None:
-    x = n.input(0)
+    x, = need(n, "Split", "input")
     k = len(n.node.output)
     axis = int(n.attr("axis", 0))
     if n.version < 13:
@@ -420,7 +420,7 @@ def slice_dim(d: DimLike, start: DimLike, end: DimLike, step: int) -> DimLike:
 
 @register("Slice", 1, 10, 11, 13)
 def slice_rule(ctx, n) -> None:
-    data = n.input(0)
+    data, = need(n, "Slice", "data")
     t = data.elem_type
     if n.version < 10:
         starts, ends, axes, steps = n.attr("starts"), n.attr("ends"), n.attr("axes"), None
@@ -428,7 +428,7 @@ def slice_rule(ctx, n) -> None:
         ends = None if ends is None else [int(v) for v in ends]
         axes_known = True
     else:
-        starts, ends = entries(n.input(1)), entries(n.input(2))
+        starts, ends = (entries(i) for i in need(n, "Slice", "starts", "ends", at=(1, 2)))
         axes = entries(n.input(3)) if n.has_input(3) else None
         axes_known = axes is not None or not n.has_input(3)
         steps = entries(n.input(4)) if n.has_input(4) else None
@@ -489,7 +489,7 @@ def _check_indices(n, rule: str, info: TensorInfo, what: str = "input indices") 
 
 @register("Gather", 1, 11, 13)
 def gather(ctx, n) -> None:
-    data, idx = n.input(0), n.input(1)
+    data, idx = need(n, "Gather", "data", "indices")
     _check_indices(n, "Gather", idx)
     t = data.elem_type
     if data.shape is None:
@@ -522,7 +522,7 @@ def gather(ctx, n) -> None:
 
 @register("GatherElements", 11, 13)
 def gather_elements(ctx, n) -> None:
-    data, idx = n.input(0), n.input(1)
+    data, idx = need(n, "GatherElements", "data", "indices")
     _check_indices(n, "GatherElements", idx)
     if data.shape is not None and idx.shape is not None and len(data.shape) != len(idx.shape):
         n.fail("GatherElements", "indices must have the rank of data", subject="input indices",
@@ -535,7 +535,7 @@ def gather_elements(ctx, n) -> None:
 # ---------------------------------------------------------------- Expand / Tile / Pad
 @register("Expand", 8, 13)
 def expand(ctx, n) -> None:
-    x, shape_info = n.input(0), n.input(1)
+    x, shape_info = need(n, "Expand", "input", "shape")
     target = entries(shape_info)
     if target is None:
         k = _rank_only(shape_info)
@@ -543,6 +543,9 @@ def expand(ctx, n) -> None:
             _set(n, 0, x.elem_type, None)
             return
         target = [None] * k
+    if any(isinstance(d, int) and d < 0 for d in target):
+        n.fail("Expand", "shape entries must not be negative", subject="input shape", expected=">= 0 each",
+               found=list(target))
     if x.shape is None:
         _set(n, 0, x.elem_type, None)
         return
@@ -559,8 +562,8 @@ def expand(ctx, n) -> None:
 
 @register("Tile", 6, 13)
 def tile(ctx, n) -> None:
-    x = n.input(0)
-    reps = entries(n.input(1))
+    x, reps_info = need(n, "Tile", "input", "repeats")
+    reps = entries(reps_info)
     if x.shape is None:
         _set(n, 0, x.elem_type, None)
         return
@@ -570,6 +573,8 @@ def tile(ctx, n) -> None:
         return
     if len(reps) != r:
         n.fail("Tile", "one repeat per input axis", subject="input repeats", expected=f"{r} entries", found=reps)
+    if any(isinstance(k, int) and k < 0 for k in reps):
+        n.fail("Tile", "repeats must not be negative", subject="input repeats", expected=">= 0 each", found=reps)
     out = [dims.mul(d, k) for d, k in zip(x.shape, reps)]
     value = None
     if _small(x) and all(isinstance(k, int) for k in reps) and product(out) <= MAX_VALUE_ELEMS:
@@ -579,7 +584,7 @@ def tile(ctx, n) -> None:
 
 @register("Pad", 2, 11, 13, 18, 19, *_LATEST)
 def pad(ctx, n) -> None:
-    x = n.input(0)
+    x, = need(n, "Pad", "data")
     t = x.elem_type
     if x.shape is None:
         _set(n, 0, t, None)
@@ -592,7 +597,7 @@ def pad(ctx, n) -> None:
             n.fail("Pad", "attribute pads is required", subject="attribute pads", expected="2 * rank ints",
                    found="none")
     else:
-        pads = entries(n.input(1))
+        pads = entries(need(n, "Pad", "pads", at=(1,))[0])
     axes: list | None = None
     if n.version >= 18 and n.has_input(3):
         axes = entries(n.input(3))
@@ -630,7 +635,9 @@ def _present(n, i: int) -> TensorInfo | None:
 
 def _resize_dim(d: DimLike, scale: float) -> DimLike:
     if isinstance(d, int):
-        return int(math.floor(float(np.float32(d) * np.float32(scale))))
+        with np.errstate(all="ignore"):
+            v = float(np.float32(d) * np.float32(scale))
+        return int(math.floor(v)) if math.isfinite(v) else None
     if d is None:
         return None
     s = float(np.float32(scale))
@@ -643,14 +650,14 @@ def _resize_dim(d: DimLike, scale: float) -> DimLike:
 
 @register("Resize", 10, 11, 13, 18, 19)
 def resize(ctx, n) -> None:
-    x = n.input(0)
+    x, = need(n, "Resize", "X")
     t = x.elem_type
     if x.shape is None:
         _set(n, 0, t, None)
         return
     r = len(x.shape)
     if n.version < 11:
-        scales_info, sizes_info = n.input(1), None
+        scales_info, sizes_info = need(n, "Resize", "scales", at=(1,))[0], None
     else:
         scales_info, sizes_info = _present(n, 2), _present(n, 3)
     axes = n.attr("axes") if n.version >= 18 else None
@@ -669,6 +676,8 @@ def resize(ctx, n) -> None:
         if len(sizes) != len(axes):
             n.fail("Resize", "one size per resized axis", subject="input sizes", expected=f"{len(axes)} entries",
                    found=sizes)
+        if any(isinstance(v, int) and v < 0 for v in sizes):
+            n.fail("Resize", "sizes must not be negative", subject="input sizes", expected=">= 0 each", found=sizes)
         policy = n.attr("keep_aspect_ratio_policy", b"stretch") if n.version >= 18 else b"stretch"
         policy = policy.decode() if isinstance(policy, bytes) else str(policy)
         if policy == "stretch":
@@ -680,11 +689,12 @@ def resize(ctx, n) -> None:
                 for a in axes:
                     out[a] = None
             else:
-                ratios = [np.float32(s) / np.float32(d) for s, d in zip(sizes, ins)]
-                scale = min(ratios) if policy == "not_larger" else max(ratios)
-                for a, d in zip(axes, ins):
-                    v = float(np.float32(scale) * np.float32(d))
-                    out[a] = int(math.floor(v + 0.5))
+                with np.errstate(all="ignore"):
+                    ratios = [np.float32(s) / np.float32(d) for s, d in zip(sizes, ins)]
+                    scale = min(ratios) if policy == "not_larger" else max(ratios)
+                    for a, d in zip(axes, ins):
+                        v = float(np.float32(scale) * np.float32(d))
+                        out[a] = int(math.floor(v + 0.5)) if math.isfinite(v) else None
         _set(n, 0, t, out)
         return
     if scales_info is None:
@@ -701,8 +711,9 @@ def resize(ctx, n) -> None:
         n.fail("Resize", "one scale per resized axis", subject="input scales", expected=f"{len(axes)} entries",
                found=scales)
     for a, s in zip(axes, scales):
-        if s <= 0:
-            n.fail("Resize", "scales must be positive", subject="input scales", expected="> 0", found=scales)
+        if not (0 < s < math.inf):
+            n.fail("Resize", "scales must be positive and finite", subject="input scales", expected="> 0",
+                   found=scales)
         out[a] = _resize_dim(x.shape[a], s)
     _set(n, 0, t, out)
 
@@ -710,7 +721,7 @@ def resize(ctx, n) -> None:
 # ---------------------------------------------------------------- Shape / Size
 @register("Shape", 1, 13, 15, 19, *_LATEST)
 def shape_rule(ctx, n) -> None:
-    x = n.input(0)
+    x, = need(n, "Shape", "data")
     if x.shape is None:
         _set(n, 0, INT64, (None,))
         return
@@ -728,7 +739,7 @@ def shape_rule(ctx, n) -> None:
 
 @register("Size", 1, 13, 19, *_LATEST)
 def size_rule(ctx, n) -> None:
-    x = n.input(0)
+    x, = need(n, "Size", "data")
     total = x.numel()
     _set(n, 0, INT64, (), None if total is None else make_value([total], (), INT64))
 
@@ -736,7 +747,7 @@ def size_rule(ctx, n) -> None:
 # ---------------------------------------------------------------- constants
 @register("ConstantOfShape", 9, 20, *_LATEST)
 def constant_of_shape(ctx, n) -> None:
-    shape_info = n.input(0)
+    shape_info, = need(n, "ConstantOfShape", "input")
     fill = n.attr("value")
     t = fill.data_type if fill is not None else TensorProto.FLOAT
     target = entries(shape_info)
@@ -812,7 +823,7 @@ def _scalar(info: TensorInfo):
 
 @register("Range", 11, 27)
 def range_rule(ctx, n) -> None:
-    infos = [n.input(0), n.input(1), n.input(2)]
+    infos = need(n, "Range", "start", "limit", "delta")
     t = check_same_type(n, "Range", infos, ("start", "limit", "delta"))
     for info, name in zip(infos, ("start", "limit", "delta")):
         if info.shape is not None and len(info.shape) > 1:
@@ -824,7 +835,11 @@ def range_rule(ctx, n) -> None:
     if delta == 0:
         n.fail("Range", "delta cannot be 0", subject="input delta", expected="non-zero", found=0)
     if all(isinstance(v, (int, float)) for v in (start, limit, delta)):
-        length = max(int(math.ceil((limit - start) / delta)), 0)
+        span = (limit - start) / delta
+        if not math.isfinite(span):
+            n.fail("Range", "start, limit and delta must be finite", subject="inputs", expected="finite values",
+                   found=f"start={start}, limit={limit}, delta={delta}")
+        length = max(int(math.ceil(span)), 0)
         if length <= MAX_VALUE_ELEMS:
             value = tidy(np.arange(length) * np.array(delta) + np.array(start), t) if t else None
     elif isinstance(delta, int) and start is not None and limit is not None and not isinstance(start, float) \
@@ -847,7 +862,7 @@ def _einsum_terms(n, equation: str):
 
 @register("Einsum", 12, 28)
 def einsum(ctx, n) -> None:
-    infos = [n.input(i) for i in range(len(n.node.input))]
+    infos = need(n, "Einsum", *[f"#{i}" for i in range(max(1, len(n.node.input)))])
     t = check_same_type(n, "Einsum", infos)
     eq = n.attr("equation")
     if eq is None:
@@ -912,11 +927,11 @@ def einsum(ctx, n) -> None:
 # ---------------------------------------------------------------- TopK / ArgMax
 @register("TopK", 1, 10, 11, 24)
 def topk(ctx, n) -> None:
-    x = n.input(0)
+    x, = need(n, "TopK", "X")
     if n.version < 10:
         k = n.attr("k")
     else:
-        kin = n.input(1)
+        kin, = need(n, "TopK", "K", at=(1,))
         if kin.shape is not None and kin.shape not in ((1,), ()):
             n.fail("TopK", "K must be a 1-element tensor", subject="input K", expected="shape [1]",
                    found=shape_text(kin.shape))
@@ -946,7 +961,7 @@ def _reduced(shape, axes, keepdims: bool):
 
 @register("ArgMax", 1, 11, 12, 13)
 def argmax(ctx, n) -> None:
-    x = n.input(0)
+    x, = need(n, "ArgMax", "data")
     keepdims = bool(n.attr("keepdims", 1))
     if x.shape is None:
         _set(n, 0, INT64, None)
@@ -961,7 +976,7 @@ _AXES_INPUT_SINCE = {"ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18, "Reduce
 
 def reduce_rule(ctx, n) -> None:
     rule = n.node.op_type
-    x = n.input(0)
+    x, = need(n, rule, "data")
     t = x.elem_type
     keepdims = bool(n.attr("keepdims", 1))
     from_input = n.version >= _AXES_INPUT_SINCE[rule]

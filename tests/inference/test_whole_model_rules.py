@@ -769,6 +769,10 @@ def test_com_microsoft_errors_and_defaults():
                  domain="com.microsoft", opset=1, axis=0)
     with pytest.raises(InferenceError, match=r"^QLinearAdd: .*input A_scale: .*expected float, found float16"):
         run_rule("QLinearAdd", {"a": TensorInfo(T.UINT8, (2,)), "as": TensorInfo(T.FLOAT16, ()), "az": TensorInfo(T.UINT8, ()),
+                                "b": TensorInfo(T.UINT8, (2,)), **_scalars("bs"), "bz": TensorInfo(T.UINT8, ()),
+                                **_scalars("cs")}, domain="com.microsoft", opset=1)
+    with pytest.raises(InferenceError, match=r"^QLinearAdd: .*required input B_scale \(#4\) is missing"):
+        run_rule("QLinearAdd", {"a": TensorInfo(T.UINT8, (2,)), "as": TensorInfo(T.FLOAT, ()), "az": TensorInfo(T.UINT8, ()),
                                 "b": TensorInfo(T.UINT8, (2,))}, domain="com.microsoft", opset=1)
     with pytest.raises(InferenceError, match=r"^DequantizeLinear: .*input x_scale: .*expected \[4\], found \[3\]"):
         run_rule("DequantizeLinear", {"x": TensorInfo(T.UINT8, (2, 4)), "s": TensorInfo(T.FLOAT, (3,))},
@@ -792,3 +796,83 @@ def test_einsum_ellipsis_broadcast():
               [vi("a", T.FLOAT, ["N", 1, 2, 3]), vi("b", T.FLOAT, [1, 4, 3, 5])])
     assert_evaluates_like_onnx(m, [{"N": 2}])
     assert ours(m)["y"].shape == (N, 4, 2, 5)
+
+
+# ---------------------------------------------------------------- robustness
+_FUZZ_DIMS = (None, 0, 1, 2, 3, 4, N)
+_FUZZ_TYPES = (0, T.FLOAT, T.INT64, T.INT32, T.UINT8, T.INT8, T.BOOL, T.FLOAT16, T.INT4)
+_MS_ATTRS = {"K": "i", "N": "i", "block_size": "i", "bits": "i", "axes": "l", "keepdims": "i", "axis": "i",
+             "channels_last": "i", "gather_axis": "i", "quantize_axis": "i", "kernel_shape": "l", "strides": "l",
+             "pads": "l", "ceil_mode": "i", "transA": "i", "transB": "i", "opset": "i"}
+_STRINGS = ("NOTSET", "SAME_UPPER", "VALID", "stretch", "not_larger", "bad", "ij,jk->ik", "...i,i", "i,,", "ab->c",
+            "->", "a...b...,c", "ii", "...ii->...i")
+
+
+def _fuzz_info(rng) -> TensorInfo:
+    t = rng.choice(_FUZZ_TYPES)
+    shape = None if rng.random() < 0.1 else tuple(rng.choice(_FUZZ_DIMS) for _ in range(rng.randint(0, 4)))
+    value = None
+    if shape is not None and all(isinstance(d, int) for d in shape) and 0 < int(np.prod(shape)) <= 8:
+        count = int(np.prod(shape))
+        if t in (T.INT64, T.INT32) and rng.random() < 0.7:
+            raw = [rng.choice([-3, -1, 0, 1, 2, 3, 5, 2**63 - 1, -2**63 + 1]) for _ in range(count)]
+            value = np.array(raw, dtype=np.int64).astype(np.int64 if t == T.INT64 else np.int32).reshape(shape)
+        elif t == T.FLOAT and rng.random() < 0.5:
+            value = np.array([rng.choice([0.0, 0.5, 1.0, 2.0, -1.0, np.nan]) for _ in range(count)],
+                             np.float32).reshape(shape)
+    elif shape == (2,) and t == T.INT64 and rng.random() < 0.5:
+        value = np.array([N, rng.choice([1, -1, 0, None])], dtype=object)
+    return TensorInfo(t, shape, value)
+
+
+def _fuzz_attr(rng, kind):
+    if kind == "i":
+        return rng.choice([-2, -1, 0, 1, 2, 3, 7, 16])
+    if kind == "l":
+        return [rng.choice([-2, -1, 0, 1, 2, 3]) for _ in range(rng.randint(1, 5))]
+    if kind == "f":
+        return rng.choice([0.0, 1.0, -1.0])
+    if kind == "s":
+        return rng.choice(_STRINGS)
+    return helper.make_tensor("v", rng.choice([T.FLOAT, T.INT64]), [1], [1])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_rules_never_crash(seed):
+    """Random inputs and attributes: a rule either types the node or raises InferenceError."""
+    import random
+
+    from onnx import defs
+
+    from inference import registry
+
+    modules = {"inference.rules.elementwise", "inference.rules.nn", "inference.rules.tensor_ops",
+               "inference.rules.com_microsoft"}
+    ours_ = [(dom, op, v, fn) for (dom, op), table in registry._RULES.items() for v, fn in table.items()
+             if fn.__module__ in modules]
+    kinds = {helper.AttributeProto.INT: "i", helper.AttributeProto.INTS: "l", helper.AttributeProto.FLOAT: "f",
+             helper.AttributeProto.STRING: "s", helper.AttributeProto.TENSOR: "t"}
+    onnx_attrs: dict[str, dict[str, str]] = {}
+    for s in defs.get_all_schemas_with_history():
+        for name, a in s.attributes.items():
+            if a.type in kinds:
+                onnx_attrs.setdefault(s.name, {})[name] = kinds[a.type]
+    rng = random.Random(seed)
+    for _ in range(3000):
+        dom, op, v, fn = rng.choice(ours_)
+        ctx = ShapesContext({"": OPSET, "com.microsoft": 1}, strict=rng.random() < 0.5)
+        names = []
+        for i in range(rng.randint(1, 9)):
+            name = "" if rng.random() < 0.05 else f"i{i}"
+            if name:
+                ctx.set(name, _fuzz_info(rng))
+            names.append(name)
+        spec = _MS_ATTRS if dom else onnx_attrs.get(op, {})
+        attrs = {k: _fuzz_attr(rng, kind) for k, kind in spec.items() if rng.random() < 0.4}
+        node = helper.make_node(op, names, [f"o{j}" for j in range(rng.randint(1, 3))], domain=dom or None, **attrs)
+        try:
+            fn(ctx, NodeContext(node, 0, ctx, v, v))
+        except InferenceError:
+            continue
+        for name, info in ctx.items():
+            assert info.shape is None or isinstance(info.shape, tuple), (op, attrs, name, info)
