@@ -230,7 +230,7 @@ def qlinear_average_pool(ctx, n) -> None:
     shape = x.shape
     if channels_last and shape is not None and len(shape) >= 3:
         shape = (shape[0], shape[-1], *shape[1:-1])
-    out = pool_output_shape(n, rule, shape, ceil_mode=bool(n.attr("ceil_mode", 0)), use_dilations=False)
+    out = pool_output_shape(n, rule, shape, ceil_mode=bool(n.attr("ceil_mode", 0)))
     if channels_last and out is not None:
         out = (out[0], *out[2:], out[1])
     n.set_output(0, TensorInfo(x.elem_type, out))

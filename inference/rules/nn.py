@@ -198,8 +198,8 @@ def pool_dim(in_dim: DimLike, kernel: int, *, auto_pad: str, pad_begin: int, pad
     return None
 
 
-def pool_output_shape(n, rule: str, x_shape, *, ceil_mode: bool, use_dilations: bool,
-                      drop_last: bool = True) -> tuple | None:
+def pool_output_shape(n, rule: str, x_shape, *, ceil_mode: bool, drop_last: bool = True,
+                      use_dilations: bool = True) -> tuple | None:
     kernel = _ints(n.attr("kernel_shape"))
     if kernel is None:
         n.fail(rule, "attribute kernel_shape is required", subject="attribute kernel_shape",
@@ -215,6 +215,8 @@ def pool_output_shape(n, rule: str, x_shape, *, ceil_mode: bool, use_dilations: 
         n.fail(rule, "not a valid padding mode", subject="attribute auto_pad",
                expected="one of " + ", ".join(shape_math.AUTO_PADS), found=auto_pad)
     strides = _ints(n.attr("strides")) or [1] * count
+    # as onnx's inference: dilations are read when present from MaxPool-8 / AveragePool-11 on,
+    # also where the schema does not define the attribute yet (a valid model has none there)
     dilations = (_ints(n.attr("dilations")) if use_dilations else None) or [1] * count
     pads = _ints(n.attr("pads")) or [0] * (2 * count)
     for name, vals, k in (("kernel_shape", kernel, count), ("strides", strides, count),
@@ -251,8 +253,8 @@ def max_pool(ctx, n) -> None:
     if n.attr("storage_order", 0) not in (0, 1):
         n.fail("MaxPool", "storage_order must be 0 or 1", subject="attribute storage_order", expected="0 or 1",
                found=n.attr("storage_order"))
-    shape = pool_output_shape(n, "MaxPool", x.shape, ceil_mode=n.version >= 10 and bool(n.attr("ceil_mode", 0)),
-                              use_dilations=n.version >= 10, drop_last=n.version >= 22)
+    shape = pool_output_shape(n, "MaxPool", x.shape, ceil_mode=bool(n.attr("ceil_mode", 0)),
+                              drop_last=n.version >= 22)
     n.set_output(0, TensorInfo(x.elem_type, shape))
     if n.version >= 8 and n.output_name(1):
         n.set_output(1, TensorInfo(INT64, shape))
@@ -261,8 +263,8 @@ def max_pool(ctx, n) -> None:
 @register("AveragePool", 1, 7, 10, 11, 19, 22)
 def average_pool(ctx, n) -> None:
     x, = need(n, "AveragePool", "X")
-    shape = pool_output_shape(n, "AveragePool", x.shape, ceil_mode=n.version >= 10 and bool(n.attr("ceil_mode", 0)),
-                              use_dilations=n.version >= 19, drop_last=n.version >= 22)
+    shape = pool_output_shape(n, "AveragePool", x.shape, ceil_mode=bool(n.attr("ceil_mode", 0)),
+                              drop_last=n.version >= 22, use_dilations=n.version >= 11)
     n.set_output(0, TensorInfo(x.elem_type, shape))
 
 

@@ -157,6 +157,9 @@ def _axes_arg(n, since_input: int):
     """(axes, known): axes from the attribute (< since_input) or the second input."""
     if n.version < since_input:
         axes = n.attr("axes")
+        if axes is not None and n.version < 11 and any(a < 0 for a in axes):
+            n.fail(n.node.op_type, "negative axes need opset 11", subject="attribute axes",
+                   expected="axes >= 0", found=list(axes))
         return (None if axes is None else [int(a) for a in axes]), True
     if not n.has_input(1):
         return None, True
