@@ -262,8 +262,9 @@ def _random_f32(rng, n):
     return bits.view(np.float32)
 
 
+@pytest.mark.parametrize("straight_line", [False, True], ids=["loop", "unrolled"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_division_is_correctly_rounded_from_a_perturbed_start(anydev, seed):
+def test_division_is_correctly_rounded_from_a_perturbed_start(anydev, seed, straight_line):
     """x / s must equal numpy's (correctly rounded) f32 quotient even when the device's first
     quotient is up to 3 ULP off (WGSL allows 2.5), over all finite values incl. subnormals,
     quotients near overflow and underflow, and exact half-integer quotients for rint."""
@@ -282,7 +283,9 @@ def test_division_is_correctly_rounded_from_a_perturbed_start(anydev, seed):
     p = rng.integers(-3, 4, n).astype(np.int32)
     binds = [BindingPlan(0, "a", "a", "read", "f32"), BindingPlan(1, "b", "b", "read", "f32"),
              BindingPlan(2, "p", "p", "read", "i32"), BindingPlan(3, "o", "o", "read_write", "f32")]
-    comp = dev.compile(render_string(_DIV_TEST), layout_key(binds), label="division test")
+    src = render_string(_DIV_TEST, {"oq_straight_line_refine": straight_line})
+    assert ("step 4" in src) == straight_line
+    comp = dev.compile(src, layout_key(binds), label="division test")
     bufs = [dev.allocate(a.nbytes), dev.allocate(b.nbytes), dev.allocate(p.nbytes), dev.allocate(12 * n)]
     for buf, arr in zip(bufs, (a, b, p)):
         dev.upload(buf, arr)

@@ -189,6 +189,14 @@ def test_forced_variant_is_exact(dev, variant, n):
     check(dev, data(n, seed=7), variant=variant, tunables=_tunables_for(variant, n), expect_variant=variant)
 
 
+def test_single_invocation_long_tie_heavy_input(best):
+    """One invocation over 200003 elements, a third of them exact ties: the division refinement
+    must not eat llvmpipe's per-invocation loop budget (65535 iterations)."""
+    n = 200003
+    check(best, data(n, seed=13), variant="single_invocation", tunables={"SERIAL_MAX_ELEMENTS": n},
+          expect_variant="single_invocation", oracle="reference")
+
+
 @pytest.mark.parametrize("variant", VARIANTS[1:])
 def test_small_tunables_many_partials(best, variant):
     # a workgroup of 8 with 2 elements each: many partials, uneven last block
