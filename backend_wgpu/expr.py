@@ -10,9 +10,13 @@ Values are ``int`` (exact Python integers), ``float``, ``bool``, ``str`` and lis
 - ``true`` / ``false`` (also ``True`` / ``False``);
 - ``shapes.<io>`` (list of ints), ``ranks.<io>`` (int), ``tunables.<X>`` (int),
   ``device.limits.<X>`` (int), ``device.features.has("name")`` (bool);
+- ``attrs.<name>`` (the node's attribute or its declared default: int, float, str or a
+  list), ``dtypes.<io>`` (element type name, e.g. ``"int4"``), ``present.<io>`` (bool:
+  false for an absent optional input);
 - bare identifiers: derived names (``derive`` blocks) visible at that point.
 
-Functions: ``numel(shape)``, ``ceilDiv(a, b)``, ``min(...)``, ``max(...)``.
+Functions: ``numel(shape)``, ``ceilDiv(a, b)``, ``min(...)``, ``max(...)``,
+``bits(dtypeName)`` (bit width of an element type).
 Operators: ``+ - * // %``, unary ``-``/``+``, comparisons (chains allowed), ``and``,
 ``or``, ``not``, ``a if c else b``, list literals ``[a, b]`` and subscripts ``s[i]``.
 ``/`` is rejected (use ``//`` or ``ceilDiv``). See docs/kernel-spec.md for the full rules.
@@ -44,10 +48,12 @@ __all__ = [
 MAX_EXPRESSION_LENGTH = 4096
 
 #: Names that only make sense followed by an attribute.
-NAMESPACES = frozenset({"shapes", "ranks", "tunables", "device"})
+NAMESPACES = frozenset({"shapes", "ranks", "tunables", "device", "attrs", "dtypes", "present"})
+#: Namespaces read as ``<ns>.<name>`` (two parts).
+_TWO_PART = ("shapes", "ranks", "tunables", "attrs", "dtypes", "present")
 #: Function name -> (minimum, maximum or None) argument count.
 FUNCTIONS: dict[str, tuple[int, int | None]] = {
-    "numel": (1, 1), "ceilDiv": (2, 2), "min": (1, None), "max": (1, None),
+    "numel": (1, 1), "ceilDiv": (2, 2), "min": (1, None), "max": (1, None), "bits": (1, 1),
 }
 _BOOL_NAMES = {"true": True, "false": False}
 #: Identifiers a derived value may not be called.
@@ -138,6 +144,7 @@ def _dotted(node: ast.AST) -> list[str] | None:
 
 
 _ATTR_HINT = ("attribute access is only allowed as shapes.<io>, ranks.<io>, tunables.<name>, "
+              "attrs.<name>, dtypes.<io>, present.<io>, "
               "device.limits.<name> or device.features.has(\"feature\")")
 
 
@@ -170,7 +177,7 @@ class _Validator:
         elif isinstance(node, ast.Attribute):
             parts = _dotted(node)
             ok = parts is not None and (
-                (len(parts) == 2 and parts[0] in ("shapes", "ranks", "tunables"))
+                (len(parts) == 2 and parts[0] in _TWO_PART)
                 or (len(parts) == 3 and parts[:2] == ["device", "limits"]))
             if not ok:
                 if parts and parts[:3] == ["device", "features", "has"] and len(parts) == 3:
@@ -325,13 +332,15 @@ def free_names(expr: Expr | str) -> set[str]:
 class Scope:
     """What an expression may name, for checking without evaluating.
 
-    ``io`` names the inputs/outputs (for ``shapes.``/``ranks.``), ``tunables`` the
-    tunables, ``names`` the derived names visible at that point.
+    ``io`` names the inputs/outputs (for ``shapes.``/``ranks.``/``dtypes.``/``present.``),
+    ``tunables`` the tunables, ``names`` the derived names visible at that point,
+    ``attributes`` the declared node attributes (for ``attrs.``).
     """
 
     io: frozenset[str] = frozenset()
     tunables: frozenset[str] = frozenset()
     names: frozenset[str] = frozenset()
+    attributes: frozenset[str] = frozenset()
     limits: frozenset[str] = frozenset(WEBGPU_DEFAULT_LIMITS)
     features: frozenset[str] = KNOWN_FEATURES
 
@@ -357,13 +366,18 @@ class _Checker:
         if isinstance(node, ast.Attribute):
             parts = _dotted(node)
             assert parts is not None
-            if parts[0] in ("shapes", "ranks"):
+            if parts[0] in ("shapes", "ranks", "dtypes", "present"):
                 if parts[1] not in self.scope.io:
                     raise self.fail(f"unknown input/output {parts[1]!r} in {parts[0]}.{parts[1]}"
                                     + suggest(parts[1], self.scope.io))
             elif parts[0] == "tunables":
                 if parts[1] not in self.scope.tunables:
                     raise self.fail(f"unknown tunable {parts[1]!r}" + suggest(parts[1], self.scope.tunables))
+            elif parts[0] == "attrs":
+                if parts[1] not in self.scope.attributes:
+                    raise self.fail(f"unknown attribute {parts[1]!r} in attrs.{parts[1]}"
+                                    + suggest(parts[1], self.scope.attributes)
+                                    + "; declare it in the top-level 'attributes'")
             else:  # device.limits.X
                 if parts[2] not in self.scope.limits:
                     raise self.fail(f"unknown device limit {parts[2]!r}" + suggest(parts[2], self.scope.limits))
@@ -404,7 +418,10 @@ class Env:
 
     ``shapes`` maps input/output names to shapes (tuples of ints); ``ranks`` defaults to
     their lengths; ``limits`` are the device limits; ``features`` the device's feature
-    names; ``names`` the derived values visible at this point.
+    names; ``names`` the derived values visible at this point; ``attrs`` the node's
+    attribute values (declared defaults filled in; lists as tuples); ``dtypes`` each
+    input/output's element type name; ``present`` whether each input/output is present
+    (an io missing from ``present`` counts as present when it has a shape).
     """
 
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
@@ -413,6 +430,9 @@ class Env:
     features: frozenset[str] = frozenset()
     names: Mapping[str, Any] = field(default_factory=dict)
     ranks: Mapping[str, int] | None = None
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    dtypes: Mapping[str, str] = field(default_factory=dict)
+    present: Mapping[str, bool] = field(default_factory=dict)
 
     def rank_of(self, io: str) -> int | None:
         if self.ranks is not None and io in self.ranks:
@@ -477,6 +497,24 @@ class _Evaluator:
             if parts[1] not in self.env.tunables:
                 raise self.fail(f"unknown tunable {parts[1]!r}" + suggest(parts[1], self.env.tunables))
             return self.env.tunables[parts[1]]
+        if ns == "attrs":
+            if parts[1] not in self.env.attrs:
+                raise self.fail(f"unknown attribute {parts[1]!r} in attrs.{parts[1]}"
+                                + suggest(parts[1], self.env.attrs))
+            v = self.env.attrs[parts[1]]
+            return tuple(v) if isinstance(v, list) else v
+        if ns == "dtypes":
+            if parts[1] not in self.env.dtypes:
+                raise self.fail(f"unknown input/output {parts[1]!r} in dtypes.{parts[1]}"
+                                + suggest(parts[1], self.env.dtypes))
+            return self.env.dtypes[parts[1]]
+        if ns == "present":
+            if parts[1] in self.env.present:
+                return bool(self.env.present[parts[1]])
+            if parts[1] in self.env.shapes:
+                return True
+            known = set(self.env.present) | set(self.env.shapes)
+            raise self.fail(f"unknown input/output {parts[1]!r} in present.{parts[1]}" + suggest(parts[1], known))
         # device.limits.X
         if parts[2] not in self.env.limits:
             raise self.fail(f"unknown device limit {parts[2]!r}" + suggest(parts[2], self.env.limits))
@@ -591,6 +629,15 @@ class _Evaluator:
             if not isinstance(shape, tuple) or not all(_is_int(d) for d in shape):
                 raise self.fail(f"numel() needs a list of ints, found {type_name(shape)}")
             return math.prod(shape)
+        if fname == "bits":
+            name = args[0]
+            if not isinstance(name, str):
+                raise self.fail(f"bits() needs an element type name (a str), found {type_name(name)}")
+            from onnx_quant.dtypes import BY_NAME  # noqa: PLC0415 - keeps expr import-light
+
+            if name not in BY_NAME:
+                raise self.fail(f"bits(): unknown element type {name!r}" + suggest(name, BY_NAME))
+            return BY_NAME[name].bits
         if fname == "ceilDiv":
             a, b = args
             if not (_is_int(a) and _is_int(b)):

@@ -177,6 +177,8 @@ class NodePlan(KernelPlan):
     #: derived names that decided the selection (those the deciding clauses read, and their inputs)
     decided_by: tuple[str, ...] = ()
     tunables: dict[str, int] = field(default_factory=dict)
+    #: the node's attributes with declared defaults filled in
+    attrs: dict[str, Any] = field(default_factory=dict)
 
 
 class _Where:
@@ -235,8 +237,14 @@ def plan_node(
     tunables: Mapping[str, int] | None = None,
     variant: str | None = None,
     node_label: str = "",
+    attributes: Mapping[str, Any] | None = None,
 ) -> NodePlan:
-    """Plan one node. ``shapes``/``dtypes`` cover every input and output of the spec.
+    """Plan one node. ``shapes``/``dtypes`` cover every input and output of the spec,
+    except absent optional inputs, which are simply left out.
+
+    ``attributes`` are the node's attributes (values as ``onnx.helper.get_attribute_value``
+    returns them; bytes are decoded to str); an attribute the spec does not declare is an
+    ExecutionError, declared ones not given take their default.
 
     Raises ExecutionError (dtype/shape/tunable problems, no variant applies, a forced
     variant does not apply, a buffer or dispatch beyond the device limits),
@@ -254,9 +262,19 @@ def plan_node(
             raise ExecutionError(f"{where()}: tunable {n} must be an int, found {type(v).__name__} {v!r}")
         tun[n] = v
 
+    attrs = _node_attributes(spec, attributes, where)
+
+    # presence of optional inputs: an optional input without a shape is absent
+    present: dict[str, bool] = {}
+    for n, decl in spec.io.items():
+        present[n] = not (decl.optional and (n not in shapes or shapes[n] is None))
+
     # shapes
     shp: dict[str, tuple[int, ...]] = {}
     for n in spec.io:
+        if not present[n]:
+            shp[n] = ()
+            continue
         if n not in shapes or shapes[n] is None:
             raise ExecutionError(f"{where()}: no shape given for {n!r}")
         s = tuple(shapes[n])
@@ -269,6 +287,8 @@ def plan_node(
     io_types: dict[str, str] = {}
     bound: dict[str, tuple[str, str]] = {}  # constraint -> (dtype, io that fixed it)
     for n, decl in spec.io.items():
+        if not present[n]:
+            continue
         if n not in dtypes or dtypes[n] is None:
             raise ExecutionError(f"{where()}: no dtype given for {n!r}")
         try:
@@ -284,10 +304,16 @@ def plan_node(
                                  f"{bound[decl.dtype][0]}; both are {decl.dtype}")
         bound.setdefault(decl.dtype, (dt, n))
         io_types[n] = dt
+    # an absent input takes the type its constraint is bound to, else the first allowed
+    for n, decl in spec.io.items():
+        if not present[n]:
+            io_types[n] = bound[decl.dtype][0] if decl.dtype in bound else spec.type_constraints[decl.dtype][0]
+    io_types = {n: io_types[n] for n in spec.io}
 
     limits = {**WEBGPU_DEFAULT_LIMITS, **dict(device.limits)}
     features = frozenset(device.features)
-    env = Env(shapes=shp, tunables=tun, limits=limits, features=features)
+    env = Env(shapes=shp, tunables=tun, limits=limits, features=features,
+              attrs=attrs, dtypes=io_types, present=present)
 
     # 1. top-level derive
     top = _derive(spec.derive, env, where(), "derive")
@@ -295,6 +321,8 @@ def plan_node(
 
     # declared ranks/shapes of inputs and outputs
     for n, decl in spec.io.items():
+        if not present[n]:
+            continue
         if decl.rank is not None:
             r = _eval(decl.rank, env_top, where(), f"{n}.rank")
             if r != len(shp[n]):
@@ -337,6 +365,10 @@ def plan_node(
     buffers: dict[str, BufferPlan] = {}
     tensor_types: dict[str, str] = {}
     for n in spec.io:
+        if not present[n]:  # fixed 4-byte zero-filled stand-in: bindings and shaders stay the same
+            buffers[n] = BufferPlan(n, "absent", 4, io_types[n], ())
+            tensor_types[n] = io_types[n]
+            continue
         numel = math.prod(shp[n])
         role = "input" if n in spec.inputs else "output"
         buffers[n] = BufferPlan(n, role, packed_byte_size(io_types[n], numel), io_types[n], shp[n])
@@ -358,7 +390,8 @@ def plan_node(
     # 5. passes
     passes: list[PassPlan] = []
     for p in chosen.passes:
-        pp = _plan_pass(spec, chosen, p, env_v, top, vvals, tun, features, limits, buffers, tensor_types, where)
+        pp = _plan_pass(spec, chosen, p, env_v, top, vvals, tun, features, limits, buffers, tensor_types, where,
+                        attrs, io_types, present)
         if pp is not None:
             passes.append(pp)
 
@@ -366,8 +399,48 @@ def plan_node(
         kernel=spec.name, variant=chosen.id, derived={**top, **vvals}, buffers=buffers,
         passes=tuple(passes), selection=selection, node=node_label,
         when=tuple(c.text for c in chosen.when),
-        decided_by=_decided_by(spec, chosen, ranked, selection), tunables=tun,
+        decided_by=_decided_by(spec, chosen, ranked, selection), tunables=tun, attrs=attrs,
     )
+
+
+def _attribute_value(v: Any) -> Any:
+    """A node attribute value in the expression language's terms, or raise TypeError."""
+    if isinstance(v, bytes):
+        return v.decode("utf-8", errors="replace")
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, (int, float, str)):
+        return v
+    if hasattr(v, "item") and getattr(v, "shape", None) == ():  # numpy scalar
+        return _attribute_value(v.item())
+    if isinstance(v, (list, tuple)):
+        out = tuple(_attribute_value(x) for x in v)
+        if all(isinstance(x, (int, float)) for x in out) or all(isinstance(x, str) for x in out):
+            return out
+    raise TypeError(type(v).__name__)
+
+
+def _node_attributes(spec: KernelSpec, attributes: Mapping[str, Any] | None, where: "_Where") -> dict[str, Any]:
+    """Declared defaults overridden by the node's attributes; undeclared ones are errors."""
+    given = dict(attributes or {})
+    for n in given:
+        if n not in spec.attributes:
+            declared = ", ".join(spec.attributes) or "none"
+            raise ExecutionError(f"{where()}: attribute {n!r} is not supported by kernel {spec.name} "
+                                 f"(declared attributes: {declared})")
+    out: dict[str, Any] = {}
+    for n, decl in spec.attributes.items():
+        if n in given and given[n] is not None:
+            try:
+                out[n] = _attribute_value(given[n])
+            except TypeError as e:
+                raise ExecutionError(f"{where()}: attribute {n!r}: a {e} value is not supported "
+                                     f"(ints, floats, strings and lists of them are)") from None
+        elif decl.required:
+            raise ExecutionError(f"{where()}: required attribute {n!r} not given")
+        else:
+            out[n] = decl.default
+    return out
 
 
 def _first_failing(v: Variant, env: Env, where: _Where) -> str | None:
@@ -414,7 +487,8 @@ def _decided_by(spec: KernelSpec, chosen: Variant, ranked: list[Variant],
 def _plan_pass(spec: KernelSpec, variant: Variant, p: Pass, env_v: Env, top: Mapping[str, Any],
                vvals: Mapping[str, Any], tun: Mapping[str, int], features: frozenset[str],
                limits: Mapping[str, int], buffers: dict[str, BufferPlan], tensor_types: Mapping[str, str],
-               where: _Where) -> PassPlan | None:
+               where: _Where, attrs: Mapping[str, Any] | None = None, io_types: Mapping[str, str] | None = None,
+               present: Mapping[str, bool] | None = None) -> PassPlan | None:
     pw = where(variant.id, p.id)
     pvals = _derive(p.derive, env_v, pw, "derive")
     env_p = env_v.with_names(pvals)
@@ -477,6 +551,9 @@ def _plan_pass(spec: KernelSpec, variant: Variant, p: Pass, env_v: Env, top: Map
         "binding": {d["var_name"]: d for d in binding_dicts},
         "features": sorted(features),
         "workgroup_size": wg,
+        "attrs": dict(attrs or {}),
+        "dtypes": dict(io_types or {}),
+        "present": dict(present or {}),
     }
     return PassPlan(p.id, p.name, p.shader, context, tuple(bindings), (dispatch[0], dispatch[1], dispatch[2]))
 

@@ -31,7 +31,7 @@ from onnx_quant.errors import ExpressionError, SpecError
 
 __all__ = [
     "KernelSpec", "Variant", "Pass", "BindingDecl", "PassBinding", "StructMember", "Intermediate",
-    "Tunable", "TensorDecl", "Derive", "SpecRegistry", "load_spec", "load_specs",
+    "Tunable", "TensorDecl", "Derive", "AttributeDecl", "SpecRegistry", "load_spec", "load_specs",
     "templates_dir", "wgsl_type_layout", "CONTEXT_KEYS", "ACCESS_BY_BUFFER", "DEFAULT_DOMAIN",
 ]
 
@@ -40,6 +40,7 @@ DEFAULT_DOMAIN = "ai.onnx"
 #: Keys the planner puts into every pass's template context; derived names may not use them.
 CONTEXT_KEYS = frozenset({
     "kernel", "variant", "pass_id", "tunables", "bindings", "binding", "features", "workgroup_size",
+    "attrs", "dtypes", "present",
 })
 
 #: The ``buffer`` key of a binding -> BindingPlan.access.
@@ -124,6 +125,22 @@ class TensorDecl:
     index: int
     rank: Value | None = None
     shape: Expr | tuple[Value, ...] | None = None
+    #: an input the node may leave out (``"optional": true``); see ``present.<io>``
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class AttributeDecl:
+    """A node attribute the kernel understands (top-level ``attributes``).
+
+    ``default`` is the value used when the node does not set it (int, float, str or a
+    tuple of ints/floats); ``required`` attributes have no default and must be set.
+    """
+
+    name: str
+    default: Any = None
+    required: bool = False
+    description: str = ""
 
 
 @dataclass(frozen=True)
@@ -239,6 +256,7 @@ class KernelSpec:
     path: str
     directory: str
     description: str = ""
+    attributes: dict[str, AttributeDecl] = field(default_factory=dict)
 
     @property
     def io(self) -> dict[str, TensorDecl]:
@@ -260,9 +278,10 @@ class KernelSpec:
 # --------------------------------------------------------------------------- loading
 
 _TOP_KEYS = {"domain", "name", "sinceVersion", "inputs", "outputs", "typeConstraints", "tunables",
-             "derive", "bindings", "variants", "description"}
+             "derive", "bindings", "variants", "description", "attributes"}
 _TOP_REQUIRED = {"name", "sinceVersion", "inputs", "outputs", "typeConstraints", "variants"}
-_IO_KEYS = {"dtype", "rank", "shape"}
+_IO_KEYS = {"dtype", "rank", "shape", "optional"}
+_ATTRIBUTE_KEYS = {"default", "required", "description"}
 _TUNABLE_KEYS = {"default", "description"}
 _BINDING_KEYS = {"name", "elementType", "length", "buffer", "struct"}
 _MEMBER_KEYS = {"name", "type", "value"}
@@ -524,6 +543,11 @@ class _Loader:
                 if ioname in io_raw:
                     raise self.err(f, f"{ioname!r} is both an input and an output")
                 d = self.obj(decl, f, _IO_KEYS, {"dtype"})
+                if "optional" in d:
+                    if not isinstance(d["optional"], bool):
+                        raise self.err(f"{f}.optional", f"expected a boolean, found {_json_type(d['optional'])}")
+                    if section == "outputs" and d["optional"]:
+                        raise self.err(f"{f}.optional", "only inputs may be optional")
                 dt = self.string(d["dtype"], f"{f}.dtype")
                 if dt not in constraints:
                     raise self.err(f"{f}.dtype", f"{dt!r} is not a typeConstraints name{suggest(dt, constraints)}; "
@@ -544,7 +568,8 @@ class _Loader:
             tunables[tname] = Tunable(tname, self.integer(d["default"], f"{f}.default"),
                                       self.string(d.get("description", ""), f"{f}.description", nonempty=False))
 
-        base = Scope(io=io_names, tunables=frozenset(tunables))
+        attributes = self.attributes(top.get("attributes", {}))
+        base = Scope(io=io_names, tunables=frozenset(tunables), attributes=frozenset(attributes))
         top_derive = self.derive(top.get("derive", {}), "derive", base, {})
         top_scope = base.with_names(top_derive.names)
         defined_at = {n: "derive" for n in top_derive.names}
@@ -560,7 +585,7 @@ class _Loader:
                     raise self.err(f"{f}.rank", f"must be >= 0, found {rank}")
             shape = self.shape_value(d["shape"], f"{f}.shape", top_scope) if "shape" in d else None
             target = inputs if section == "inputs" else outputs
-            target[ioname] = TensorDecl(ioname, d["dtype"], len(target), rank, shape)
+            target[ioname] = TensorDecl(ioname, d["dtype"], len(target), rank, shape, bool(d.get("optional", False)))
 
         # top-level bindings
         bindings: dict[str, BindingDecl] = {}
@@ -595,7 +620,42 @@ class _Loader:
             domain=domain, name=name, since_version=since, inputs=inputs, outputs=outputs,
             type_constraints=constraints, tunables=tunables, derive=top_derive, bindings=bindings,
             variants=tuple(variants), path=self.file, directory=str(self.dir), description=description,
+            attributes=attributes,
         )
+
+    def attribute_default(self, v: Any, fld: str) -> Any:
+        """A JSON attribute default: int, float, string or a non-empty-or-empty list of numbers."""
+        if isinstance(v, bool):
+            raise self.err(fld, "booleans are not ONNX attribute values; use 0 or 1")
+        if isinstance(v, (int, float, str)):
+            return v
+        if isinstance(v, list):
+            for i, x in enumerate(v):
+                if isinstance(x, bool) or not isinstance(x, (int, float)):
+                    raise self.err(f"{fld}[{i}]", f"a list default holds numbers, found {_json_type(x)}")
+            return tuple(v)
+        raise self.err(fld, f"expected a number, string or array of numbers, found {_json_type(v)}")
+
+    def attributes(self, raw: Any) -> dict[str, AttributeDecl]:
+        if not isinstance(raw, dict):
+            raise self.err("attributes", f"expected an object, found {_json_type(raw)}")
+        out: dict[str, AttributeDecl] = {}
+        for aname, decl in raw.items():
+            f = f"attributes.{aname}"
+            if not _is_ident(aname):
+                raise self.err(f, f"attribute name {aname!r} is not an identifier")
+            d = self.obj(decl, f, _ATTRIBUTE_KEYS)
+            required = d.get("required", False)
+            if not isinstance(required, bool):
+                raise self.err(f"{f}.required", f"expected a boolean, found {_json_type(required)}")
+            if required and "default" in d:
+                raise self.err(f, "a required attribute has no 'default'")
+            if not required and "default" not in d:
+                raise self.err(f, "missing required key 'default' (or mark the attribute \"required\": true)")
+            default = self.attribute_default(d["default"], f"{f}.default") if "default" in d else None
+            out[aname] = AttributeDecl(aname, default, required,
+                                       self.string(d.get("description", ""), f"{f}.description", nonempty=False))
+        return out
 
     def element_type(self, v: Any, fld: str) -> str:
         self.string(v, fld)

@@ -339,3 +339,74 @@ def test_token_soup_only_raises_expression_error(tokens):
         evaluate(text, ENV)
     except ExpressionError:
         pass
+
+
+# ---------------------------------------------------------------- spec format v2: attrs, dtypes, present, bits
+
+ENV2 = Env(
+    shapes={"x": (2, 3), "zp": ()},
+    attrs={"axis": 1, "block_size": 0, "mode": "DCR", "perm": (1, 0), "alpha": 0.5},
+    dtypes={"x": "float32", "zp": "int4"},
+    present={"x": True, "zp": False},
+)
+SCOPE2 = Scope(io=frozenset({"x", "zp"}), attributes=frozenset({"axis", "block_size", "mode", "perm", "alpha"}))
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("attrs.axis", 1),
+    ("attrs.axis if attrs.axis >= 0 else attrs.axis + ranks.x", 1),
+    ("attrs.block_size > 0", False),
+    ('attrs.mode == "DCR"', True),
+    ("attrs.perm[0]", 1),
+    ("attrs.alpha * 2", 1.0),
+    ("dtypes.x", "float32"),
+    ('dtypes.zp == "int4"', True),
+    ("bits(dtypes.zp)", 4),
+    ('bits("float8e4m3fn")', 8),
+    ('bits("float6e2m3")', 6),
+    ('bits("float32")', 32),
+    ("32 // bits(dtypes.zp)", 8),
+    ("present.x", True),
+    ("present.zp", False),
+    ("not present.zp and ranks.zp == 0", True),
+])
+def test_v2_names(text, expected):
+    check(text, SCOPE2)
+    assert evaluate(text, ENV2) == expected
+
+
+def test_present_defaults_to_true_for_an_io_with_a_shape():
+    assert evaluate("present.x", Env(shapes={"x": (1,)})) is True
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("attrs.axes", "unknown attribute 'axes' in attrs.axes (did you mean 'axis'?)"),
+    ("dtypes.y", "unknown input/output 'y' in dtypes.y"),
+    ("present.zpp", "unknown input/output 'zpp' in present.zpp (did you mean 'zp'?)"),
+])
+def test_v2_static_check_rejects_unknown(text, reason):
+    with pytest.raises(ExpressionError, match=None) as info:
+        check(text, SCOPE2)
+    assert reason in str(info.value)
+
+
+def test_attrs_not_declared_is_a_hint_to_declare():
+    with pytest.raises(ExpressionError, match="declare it in the top-level 'attributes'"):
+        check("attrs.axis", Scope())
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("bits(1)", "bits() needs an element type name"),
+    ('bits("float8e4m3")', "unknown element type 'float8e4m3'"),
+    ("attrs", "'attrs' must be followed by '.<name>'"),
+    ("dtypes.x.y", "attribute access is only allowed"),
+    ("bits()", "bits() takes 1 argument"),
+])
+def test_v2_errors(text, reason):
+    with pytest.raises(ExpressionError) as info:
+        evaluate(text, ENV2)
+    assert reason in str(info.value)
+
+
+def test_v2_namespaces_are_reserved():
+    assert free_names("attrs.a + bits(dtypes.x) + present.y") == set()

@@ -292,7 +292,8 @@ def test_context_contract(dql):
     plan = plan_dql(dql, (300001,), LAVAPIPE, tunables={"MAX_GRID_PARTIALS": 128})
     reduce_, finalize, quantize = plan.passes
     ctx = reduce_.context
-    fixed = {"kernel", "variant", "pass_id", "tunables", "bindings", "binding", "features", "workgroup_size"}
+    fixed = {"kernel", "variant", "pass_id", "tunables", "bindings", "binding", "features", "workgroup_size",
+             "attrs", "dtypes", "present"}
     derived_names = set(dql.derive.names) | {"workgroupSize", "elemsPerThread", "vec4", "inputElement",
                                               "useSubgroups", "gridStride"}
     assert set(ctx) == fixed | derived_names
@@ -687,3 +688,116 @@ def test_seed_plans_follow_the_rule_and_fit_the_device(dql, dims, device, tun):
         assert b.byte_size % 4 == 0 and b.byte_size >= 4
         if b.role == "uniform":
             assert b.byte_size % 16 == 0 and len(b.data) == b.byte_size
+
+
+# ---------------------------------------------------------------- spec format v2: attributes, optional inputs
+
+V2_DOC = {
+    "name": "Q", "sinceVersion": 1,
+    "attributes": {"axis": {"default": 1}, "block_size": {"default": 0}, "mode": {"default": "a"},
+                   "req": {"required": True}},
+    "inputs": {"x": {"dtype": "T1"}, "scale": {"dtype": "T1"},
+               "zp": {"dtype": "T2", "optional": True, "rank": 5}},
+    "outputs": {"y": {"dtype": "T2"}},
+    "typeConstraints": {"T1": ["float32", "float16"], "T2": ["uint8", "int8", "int4"], "T3": ["int16"]},
+    "derive": {
+        "axisN": "attrs.axis if attrs.axis >= 0 else attrs.axis + ranks.x",
+        "hasZp": "present.zp",
+        "zpRank": "ranks.zp",
+        "zpShape": "shapes.zp",
+        "perWord": "32 // bits(dtypes.y)",
+        "zpType": "dtypes.zp",
+        "req2": "attrs.req[1]",
+    },
+    "variants": [{"id": "main", "passes": [{"id": "p", "shader": "s.wgsl.jinja",
+                                             "bindings": ["x", "scale", "zp", "y"], "dispatch": {"x": 1}}]}],
+}
+
+
+@pytest.fixture(scope="module")
+def v2(tmp_path_factory):
+    return load_spec(_write(tmp_path_factory.mktemp("v2"), V2_DOC, shaders=["s.wgsl.jinja"]))
+
+
+def plan_v2(spec, *, zp=None, attributes=None, y="uint8", **kw):
+    shapes = {"x": (2, 3), "scale": (), "y": (2, 3)}
+    dtypes = {"x": "float32", "scale": "float32", "y": y}
+    if zp is not None:
+        shapes["zp"], dtypes["zp"] = zp
+    attributes = {"req": [1, 2]} if attributes is None else attributes
+    return plan_node(spec, shapes=shapes, dtypes=dtypes, device=DEFAULT, node_label="q0",
+                     attributes=attributes, **kw)
+
+
+def test_v2_absent_optional_input(v2):
+    plan = plan_v2(v2, y="int4")
+    assert plan.derived["hasZp"] is False and plan.derived["zpRank"] == 0 and plan.derived["zpShape"] == ()
+    # the absent input takes the type its constraint is bound to (by y)
+    assert plan.derived["zpType"] == "int4" and plan.derived["perWord"] == 8
+    b = plan.buffers["zp"]
+    assert (b.role, b.byte_size, b.onnx_type, b.shape) == ("absent", 4, "int4", ())
+    (p,) = plan.passes
+    assert [x.buffer for x in p.bindings] == ["x", "scale", "zp", "y"]
+    assert p.bindings[2].access == "read" and p.bindings[2].element_type == "u32"
+    ctx = p.context
+    assert ctx["present"] == {"x": True, "scale": True, "zp": False, "y": True}
+    assert ctx["dtypes"] == {"x": "float32", "scale": "float32", "zp": "int4", "y": "int4"}
+    assert ctx["attrs"] == {"axis": 1, "block_size": 0, "mode": "a", "req": (1, 2)}
+    assert plan.attrs["req"] == (1, 2)
+
+
+def test_v2_absent_input_unbound_constraint_takes_first_type(tmp_path):
+    doc = copy.deepcopy(V2_DOC)
+    doc["inputs"]["zp"]["dtype"] = "T3"
+    spec = load_spec(_write(tmp_path, doc, shaders=["s.wgsl.jinja"]))
+    plan = plan_v2(spec)
+    assert plan.buffers["zp"].onnx_type == "int16" and plan.derived["zpType"] == "int16"
+
+
+def test_v2_present_optional_input(v2):
+    plan = plan_v2(v2, zp=((1, 1, 1, 1, 1), "uint8"))
+    assert plan.derived["hasZp"] is True and plan.derived["zpRank"] == 5
+    assert plan.buffers["zp"].role == "input" and plan.buffers["zp"].shape == (1, 1, 1, 1, 1)
+    assert plan.passes[0].context["present"]["zp"] is True
+    # declared rank still checked when present
+    with pytest.raises(ExecutionError, match="'zp' must have rank 5"):
+        plan_v2(v2, zp=((1,), "uint8"))
+    # and the constraint still binds
+    with pytest.raises(ExecutionError, match="'y' has type uint8 but 'zp' has int8"):
+        plan_v2(v2, zp=((1, 1, 1, 1, 1), "int8"))
+
+
+def test_v2_attributes_override_defaults(v2):
+    plan = plan_v2(v2, attributes={"axis": -1, "mode": b"DCR", "req": (3, 4), "block_size": 32})
+    assert plan.derived["axisN"] == 1 and plan.derived["req2"] == 4
+    assert plan.attrs == {"axis": -1, "block_size": 32, "mode": "DCR", "req": (3, 4)}
+
+
+def test_v2_undeclared_attribute_names_node_kernel_attribute(v2):
+    with pytest.raises(ExecutionError) as info:
+        plan_v2(v2, attributes={"req": [1, 2], "saturate": 1})
+    msg = str(info.value)
+    assert "node 'q0'" in msg and "kernel Q" in msg and "'saturate'" in msg
+
+
+def test_v2_required_attribute_missing(v2):
+    with pytest.raises(ExecutionError, match="node 'q0': kernel Q: required attribute 'req' not given"):
+        plan_v2(v2, attributes={})
+
+
+def test_v2_unsupported_attribute_value(v2):
+    with pytest.raises(ExecutionError, match="attribute 'req'.*not supported"):
+        plan_v2(v2, attributes={"req": object()})
+
+
+def test_v2_required_input_still_required(v2):
+    with pytest.raises(ExecutionError, match="no shape given for 'scale'"):
+        plan_node(v2, shapes={"x": (1,), "y": (1,)}, dtypes={"x": "float32", "scale": "float32", "y": "uint8"},
+                  device=DEFAULT, attributes={"req": [1, 2]})
+
+
+def test_v2_numpy_attribute_values(v2):
+    import numpy as np
+
+    plan = plan_v2(v2, attributes={"axis": np.int64(0), "req": [np.int64(5), np.int64(6)]})
+    assert plan.attrs["axis"] == 0 and type(plan.attrs["axis"]) is int and plan.attrs["req"] == (5, 6)

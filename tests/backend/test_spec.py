@@ -600,3 +600,55 @@ def test_arbitrary_mutations_load_or_raise_spec_error(tmp_path_factory, mutation
         assert e.file == str(path) and e.reason
     else:
         assert isinstance(spec, KernelSpec) and spec.variants
+
+
+# ---------------------------------------------------------------- spec format v2: attributes, optional inputs
+
+def v2_doc() -> dict:
+    doc = seed()
+    doc["attributes"] = {"axis": {"default": 1}, "saturate": {"default": 1, "description": "float8 only"},
+                         "mode": {"default": "x"}, "perm": {"default": [0, 1]}, "req": {"required": True}}
+    doc["inputs"]["zp"] = {"dtype": "T", "optional": True}
+    doc["derive"]["axisUsed"] = "attrs.axis + (1 if present.zp else 0) + bits(dtypes.x)"
+    return doc
+
+
+def test_v2_attributes_and_optional_input_load(tmp_path):
+    spec = load_doc(tmp_path, v2_doc())
+    assert spec.attributes["axis"].default == 1 and not spec.attributes["axis"].required
+    assert spec.attributes["perm"].default == (0, 1)
+    assert spec.attributes["mode"].default == "x"
+    assert spec.attributes["req"].required and spec.attributes["req"].default is None
+    assert spec.attributes["saturate"].description == "float8 only"
+    assert spec.inputs["zp"].optional and not spec.inputs["x"].optional
+
+
+def test_seed_declares_no_attributes(tmp_path):
+    assert load_doc(tmp_path, seed()).attributes == {}
+
+
+@pytest.mark.parametrize("mutate, field, reason", [
+    (lambda d: d["derive"].__setitem__("bad", "attrs.axes"), "derive.bad",
+     "unknown attribute 'axes' in attrs.axes (did you mean 'axis'?)"),
+    (lambda d: d["derive"].__setitem__("bad", "dtypes.zz"), "derive.bad", "unknown input/output 'zz'"),
+    (lambda d: d["derive"].__setitem__("bad", "present.z"), "derive.bad", "unknown input/output 'z'"),
+    (lambda d: d.__setitem__("attributes", []), "attributes", "expected an object"),
+    (lambda d: d["attributes"].__setitem__("x-y", {"default": 1}), "attributes.x-y", "not an identifier"),
+    (lambda d: d["attributes"].__setitem__("a", {}), "attributes.a", "missing required key 'default'"),
+    (lambda d: d["attributes"].__setitem__("a", {"default": True}), "attributes.a.default", "booleans"),
+    (lambda d: d["attributes"].__setitem__("a", {"default": {}}), "attributes.a.default", "expected a number"),
+    (lambda d: d["attributes"].__setitem__("a", {"default": [1, "x"]}), "attributes.a.default[1]", "numbers"),
+    (lambda d: d["attributes"].__setitem__("a", {"default": 1, "required": True}), "attributes.a",
+     "a required attribute has no 'default'"),
+    (lambda d: d["attributes"].__setitem__("a", {"defualt": 1}), "attributes.a.defualt", "did you mean 'default'"),
+    (lambda d: d["inputs"]["zp"].__setitem__("optional", 1), "inputs.zp.optional", "expected a boolean"),
+    (lambda d: d["outputs"]["y"].__setitem__("optional", True), "outputs.y.optional", "only inputs"),
+    (lambda d: d["derive"].__setitem__("attrs", 1), "derive.attrs", "reserved"),
+    (lambda d: d["derive"].__setitem__("present", 1), "derive.present", "reserved"),
+    (lambda d: d["derive"].__setitem__("dtypes", 1), "derive.dtypes", "reserved"),
+    (lambda d: d["derive"].__setitem__("bits", 1), "derive.bits", "reserved"),
+])
+def test_v2_field_errors(tmp_path, mutate, field, reason):
+    doc = v2_doc()
+    mutate(doc)
+    reject(tmp_path, doc, field, reason)
