@@ -6,7 +6,8 @@
    bindings per stage, workgroups per dimension) and raises ``ExecutionError`` before anything
    is allocated;
 2. the first time it sees a plan, *prepares* it: one storage buffer per input/output/
-   intermediate ``BufferPlan`` (at least 4 bytes, a multiple of 4), one uniform buffer per
+   intermediate/absent ``BufferPlan`` (at least 4 bytes, a multiple of 4; WebGPU zero-fills new
+   buffers, which is what an absent optional input's stand-in needs), one uniform buffer per
    uniform ``BufferPlan`` (its bytes are constant for the plan, so they are written once),
    the rendered and compiled pipeline and a bind group per pass, and one persistent
    ``MAP_READ`` staging buffer holding every output; this state is cached on the device,

@@ -70,6 +70,19 @@ def _specs():
     return _SPECS
 
 
+def _attributes(node: onnx.NodeProto) -> dict[str, Any]:
+    """A node's attributes as onnx.helper.get_attribute_value gives them, bytes decoded."""
+    out: dict[str, Any] = {}
+    for a in node.attribute:
+        v = onnx.helper.get_attribute_value(a)
+        if isinstance(v, bytes):
+            v = v.decode("utf-8", "replace")
+        elif isinstance(v, list):
+            v = [x.decode("utf-8", "replace") if isinstance(x, bytes) else x for x in v]
+        out[a.name] = v
+    return out
+
+
 def node_label(node: onnx.NodeProto, index: int) -> str:
     return node.name or f"{node.op_type}_{index}"
 
@@ -222,6 +235,8 @@ class Session:
                 for i, sname in enumerate(spec_names):
                     vname = value_names[i] if i < len(value_names) else ""
                     if not vname:
+                        if sname in spec.inputs and getattr(spec.inputs[sname], "optional", False):
+                            continue  # an absent optional input: the planner binds a zero stand-in
                         raise ExecutionError(f"node {label!r} ({node.op_type}): {sname!r} is not connected")
                     info = values.get(vname)
                     if info is None or info.shape is None or not all(isinstance(d, int) for d in info.shape):
@@ -231,7 +246,8 @@ class Session:
                     io_types[sname] = type_name(info.elem_type)
             tun, variant = self._node_overrides(label, node, spec)
             plan = plan_node(spec, shapes=io_shapes, dtypes=io_types, device=self.device.info,
-                             tunables=tun, variant=variant, node_label=label)
+                             tunables=tun, variant=variant, node_label=label,
+                             attributes=_attributes(node))
             plans.append(plan)
         return plans
 
@@ -256,7 +272,9 @@ class Session:
         for (label, node, spec), plan in zip(self._nodes, plans):
             inputs = {}
             for i, sname in enumerate(spec.inputs):
-                vname = node.input[i]
+                vname = node.input[i] if i < len(node.input) else ""
+                if not vname:
+                    continue  # absent optional input
                 if vname not in values:
                     raise ExecutionError(f"node {label!r}: input {vname!r} has no value")
                 inputs[sname] = values[vname]

@@ -121,6 +121,14 @@ def test_node_without_kernel_names_node_and_op(dev):
         Session(model, dev)
 
 
+def test_node_attributes_reach_the_planner(dev):
+    model = dql_model(1)
+    model.graph.node[0].attribute.append(helper.make_attribute("not_an_attribute", 3))
+    s = Session(model, dev)
+    with pytest.raises(ExecutionError, match="not_an_attribute"):
+        s.run(None, {"x": X})
+
+
 def test_variants_by_node_name_and_op_type(dev):
     s = Session(dql_model(1), dev, variants={"DynamicQuantizeLinear": "parallel_subgroup_reduce"})
     assert s.plans({"x": (1000,)})[0].variant == "parallel_subgroup_reduce"
