@@ -332,7 +332,7 @@ def test_every_tie_quotient(best, variant):
         check(best, x, variant=variant, tunables=_tunables_for(variant, n))
 
 
-@settings(max_examples=12, deadline=None)
+@settings(deadline=None)
 @given(x=hnp.arrays(np.float32, st.integers(1, 600),
                     elements=st.floats(width=32, allow_nan=True, allow_infinity=True, allow_subnormal=True)))
 def test_random_arrays_every_variant(best, x):
