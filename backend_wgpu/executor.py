@@ -12,8 +12,9 @@
    the rendered and compiled pipeline and a bind group per pass, and one persistent
    ``MAP_READ`` staging buffer holding every output; this state is cached on the device,
    so a second run of the same plan allocates and compiles nothing;
-3. packs the inputs on the host (sub-32-bit types little-endian in u32 words, int4/uint4/
-   int2/uint2/float4e2m1 packed as ONNX packs them) and writes them with ``write_buffer``;
+3. packs the inputs on the host (``backend_wgpu/packing.py``: sub-32-bit types little-endian
+   in u32 words, int4/uint4/int2/uint2/float4e2m1 packed as ONNX packs them, float6 in byte
+   containers) and writes them with ``write_buffer``;
 4. records every pass (dispatch ``(0, 0, 0)`` skipped) and the output copies into one command
    encoder, submits once, maps the staging buffer, and unpacks the outputs into the dtypes
    ``onnx.numpy_helper.to_array`` uses.
@@ -21,95 +22,20 @@
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
 
+from backend_wgpu.packing import etype as _etype, pack_array, packed_nbytes, unpack_array  # noqa: F401 (re-exported)
 from backend_wgpu.pipelines import layout_key
 from backend_wgpu.plan import BufferPlan, KernelPlan
 from backend_wgpu.render import render
-from onnx_quant.dtypes import ElementType, element_type
-from onnx_quant.errors import ExecutionError, QuantError
+from onnx_quant.errors import ExecutionError
 
 #: how many prepared plans a device keeps (least recently used ones are released)
 MAX_PREPARED_PLANS = 64
-
-
-# -- host packing --------------------------------------------------------------------------
-
-def _etype(onnx_type: str | int | None) -> ElementType:
-    if onnx_type is None:
-        raise ExecutionError("buffer without an element type cannot hold a tensor")
-    try:
-        return element_type(onnx_type)
-    except QuantError as e:
-        raise ExecutionError(str(e)) from None
-
-
-def packed_nbytes(onnx_type: str | int, count: int) -> int:
-    """Bytes a tensor of ``count`` elements takes on the device, before padding to 4."""
-    et = _etype(onnx_type)
-    return (count * et.bits + 7) // 8
-
-
-def pack_array(array: np.ndarray, onnx_type: str | int) -> bytes | memoryview:
-    """Host bytes of a tensor as the device stores it, padded with zeros to a multiple of 4.
-
-    Types of 8 bits and more are their little-endian bytes (so uint8 is already four per
-    word); 4- and 2-bit types are packed like ONNX packs them, element 0 in the low bits.
-    """
-    et = _etype(onnx_type)
-    arr = np.ascontiguousarray(array)
-    if arr.dtype != et.dtype:
-        raise ExecutionError(f"expected a {et.name} array ({et.dtype}), found {arr.dtype}")
-    if et.bits >= 8:
-        if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and np.little_endian is False):
-            arr = arr.astype(arr.dtype.newbyteorder("<"))
-        if arr.nbytes % 4 == 0:
-            return memoryview(arr.reshape(-1).view(np.uint8))  # no copy: write_buffer copies once
-        raw = arr.tobytes()
-    elif et.bits in (4, 2):
-        per = 8 // et.bits
-        flat = arr.ravel().view(np.uint8).copy()
-        pad = (-flat.size) % per
-        if pad:
-            flat = np.concatenate([flat, np.zeros(pad, np.uint8)])
-        flat &= np.uint8((1 << et.bits) - 1)
-        packed = np.zeros(flat.size // per, np.uint8)
-        for k in range(per):
-            packed |= (flat[k::per] << np.uint8(k * et.bits)).astype(np.uint8)
-        raw = packed.tobytes()
-    else:
-        raise ExecutionError(f"{et.name}: {et.bits}-bit elements have no device layout yet")
-    pad = (-len(raw)) % 4
-    return raw + b"\0" * pad if pad else raw
-
-
-def unpack_array(data: bytes | memoryview, onnx_type: str | int, shape: tuple[int, ...]) -> np.ndarray:
-    """The tensor a device buffer holds, as the dtype ``onnx.numpy_helper.to_array`` returns."""
-    et = _etype(onnx_type)
-    count = math.prod(shape)
-    need = packed_nbytes(et.name, count)
-    buf = memoryview(data)[:need]
-    if len(buf) < need:
-        raise ExecutionError(f"{et.name} tensor {shape}: buffer holds {len(buf)} bytes, needs {need}")
-    if et.bits >= 8:
-        dt = et.dtype.newbyteorder("<") if et.dtype.itemsize > 1 else et.dtype
-        out = np.frombuffer(buf, dtype=dt, count=count).astype(et.dtype, copy=True)
-    elif et.bits in (4, 2):
-        per = 8 // et.bits
-        raw = np.frombuffer(buf, dtype=np.uint8)
-        fields = np.empty(raw.size * per, np.uint8)
-        mask = np.uint8((1 << et.bits) - 1)
-        for k in range(per):
-            fields[k::per] = (raw >> np.uint8(k * et.bits)) & mask
-        out = fields[:count].view(et.dtype).copy()
-    else:
-        raise ExecutionError(f"{et.name}: {et.bits}-bit elements have no device layout yet")
-    return out.reshape(shape)
 
 
 # -- limits --------------------------------------------------------------------------------

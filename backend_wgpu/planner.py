@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS, DeviceInfo
+from backend_wgpu.packing import device_nbytes
 from backend_wgpu.expr import Env, Expr, evaluate_value, type_name
 from backend_wgpu.plan import BindingPlan, BufferPlan, KernelPlan, PassPlan
 from backend_wgpu.spec import (
@@ -143,9 +144,10 @@ def pack_uniform(layout: UniformLayout, values: Mapping[str, Any]) -> bytes:
 
 
 def packed_byte_size(onnx_type: str, numel: int) -> int:
-    """Device bytes of a tensor: ceil(numel * bits / 32) u32 words, at least one word."""
-    bits = element_type(onnx_type).bits
-    return max(4, -(-numel * bits // 32) * 4)
+    """Device bytes of a tensor: ceil(numel * device bits / 32) u32 words, at least one word
+    (device bits: the element width, 8 for the float6 types kept in byte containers; see
+    ``backend_wgpu/packing.py``)."""
+    return device_nbytes(onnx_type, numel)
 
 
 def default_element_type(onnx_type: str) -> str:

@@ -358,6 +358,6 @@ def test_pack_rejects_wrong_dtype():
 
     with pytest.raises(ExecutionError, match="uint8"):
         pack_array(np.zeros(4, np.int8), "uint8")
-    with pytest.raises(ExecutionError, match="6-bit"):
-        pack_array(np.zeros(4, BY_NAME["float6e2m3"].dtype), "float6e2m3")
+    # float6 has a device layout now (byte containers, backend_wgpu/packing.py)
+    assert len(bytes(pack_array(np.zeros(4, BY_NAME["float6e2m3"].dtype), "float6e2m3"))) == 4
     assert TensorProto.UINT8 == BY_NAME["uint8"].code
