@@ -15,8 +15,9 @@ Values are ``int`` (exact Python integers), ``float``, ``bool``, ``str`` and lis
   false for an absent optional input);
 - bare identifiers: derived names (``derive`` blocks) visible at that point.
 
-Functions: ``numel(shape)``, ``ceilDiv(a, b)``, ``min(...)``, ``max(...)``,
-``bits(dtypeName)`` (bit width of an element type).
+Functions: ``numel(shape[, start[, stop]])`` (product of ``shape[start:stop]``),
+``slice(list, start[, stop])`` (``list[start:stop]``), ``ceilDiv(a, b)``, ``min(...)``,
+``max(...)``, ``bits(dtypeName)`` (bit width of an element type).
 Operators: ``+ - * // %``, unary ``-``/``+``, comparisons (chains allowed), ``and``,
 ``or``, ``not``, ``a if c else b``, list literals ``[a, b]`` and subscripts ``s[i]``.
 ``/`` is rejected (use ``//`` or ``ceilDiv``). See docs/kernel-spec.md for the full rules.
@@ -53,7 +54,8 @@ NAMESPACES = frozenset({"shapes", "ranks", "tunables", "device", "attrs", "dtype
 _TWO_PART = ("shapes", "ranks", "tunables", "attrs", "dtypes", "present")
 #: Function name -> (minimum, maximum or None) argument count.
 FUNCTIONS: dict[str, tuple[int, int | None]] = {
-    "numel": (1, 1), "ceilDiv": (2, 2), "min": (1, None), "max": (1, None), "bits": (1, 1),
+    "numel": (1, 3), "ceilDiv": (2, 2), "min": (1, None), "max": (1, None), "bits": (1, 1),
+    "slice": (2, 3),
 }
 _BOOL_NAMES = {"true": True, "false": False}
 #: Identifiers a derived value may not be called.
@@ -237,7 +239,7 @@ class _Validator:
             lo, hi = FUNCTIONS[node.func.id]
             n = len(node.args)
             if n < lo or (hi is not None and n > hi):
-                want = str(lo) if hi == lo else f"at least {lo}"
+                want = str(lo) if hi == lo else (f"at least {lo}" if hi is None else f"{lo} to {hi}")
                 raise self.fail(f"{node.func.id}() takes {want} argument{'' if want == '1' else 's'}, got {n}")
             for a in node.args:
                 self.visit(a)
@@ -624,11 +626,17 @@ class _Evaluator:
             return name in self.env.features
         fname = node.func.id  # validated: a known function
         args = [self.eval(a) for a in node.args]
-        if fname == "numel":
-            shape = args[0]
-            if not isinstance(shape, tuple) or not all(_is_int(d) for d in shape):
-                raise self.fail(f"numel() needs a list of ints, found {type_name(shape)}")
-            return math.prod(shape)
+        if fname in ("numel", "slice"):
+            seq = args[0]
+            if fname == "numel" and (not isinstance(seq, tuple) or not all(_is_int(d) for d in seq)):
+                raise self.fail(f"numel() needs a list of ints, found {type_name(seq)}")
+            if fname == "slice" and not isinstance(seq, tuple):
+                raise self.fail(f"slice() needs a list, found {type_name(seq)}")
+            for b in args[1:]:
+                if not _is_int(b):
+                    raise self.fail(f"{fname}() bounds must be ints, found {type_name(b)}")
+            part = seq[args[1]:(args[2] if len(args) > 2 else None)] if len(args) > 1 else seq
+            return math.prod(part) if fname == "numel" else part
         if fname == "bits":
             name = args[0]
             if not isinstance(name, str):

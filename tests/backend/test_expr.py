@@ -135,8 +135,8 @@ def test_short_circuit_and_branches_guard_errors():
     ("1\x00", "cannot parse|syntax error"),
     ("n := 1", "syntax error|':='"),
     # arity
-    ("numel()", "numel\\(\\) takes 1 argument, got 0"),
-    ("numel(shape, shape)", "takes 1 argument, got 2"),
+    ("numel()", "numel\\(\\) takes 1 to 3 arguments, got 0"),
+    ("ceilDiv(1, 2, 3)", "takes 2 arguments, got 3"),
     ("ceilDiv(1)", "ceilDiv\\(\\) takes 2 arguments, got 1"),
     ("min()", "at least 1"),
     ('device.features.has("a", "b")', "takes 1 argument"),
@@ -410,3 +410,30 @@ def test_v2_errors(text, reason):
 
 def test_v2_namespaces_are_reserved():
     assert free_names("attrs.a + bits(dtypes.x) + present.y") == set()
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("numel(shapes.x, 1)", 12),
+    ("numel(shapes.x, 0, 2)", 6),
+    ("numel(shapes.x, 3)", 1),
+    ("numel(shapes.x, -1)", 4),
+    ("slice(shapes.x, 1)", (3, 4)),
+    ("slice(shapes.x, 0, 1)", (2,)),
+    ("slice(shapes.x, 5)", ()),
+    ("slice(shapes.x, 0, 2) == [2, 3]", True),
+])
+def test_numel_and_slice_ranges(text, expected):
+    assert evaluate(text, ENV) == expected
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("numel(shapes.x, 0.5)", "bounds must be ints"),
+    ("slice(1, 0)", "slice() needs a list"),
+    ("slice(shapes.x)", "slice() takes 2 to 3 arguments"),
+    ("numel(shapes.x, 1, 2, 3)", "numel() takes 1 to 3 arguments, got 4"),
+    ("numel(shape, shape)", "numel() bounds must be ints, found list"),
+])
+def test_numel_and_slice_errors(text, reason):
+    with pytest.raises(ExpressionError) as info:
+        evaluate(text, ENV)
+    assert reason in str(info.value)
