@@ -69,6 +69,8 @@ def _devices_args(p: argparse.ArgumentParser) -> None:
 def _explain_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--shape", action="append", default=[], metavar="NAME=D0,D1,...",
+                   help="bind an input's shape (symbolic dims default to 1)")
     p.add_argument("--adapter", help="adapter index or name substring (default: best)")
 
 
