@@ -2,13 +2,27 @@
 
 Each node is typed by, in order of preference:
 
-1. its own rule (``inference.registry``, selected by the model's opset for the node's domain);
-2. onnx's per-node inference for the schema ``onnx.defs`` selects (the *fallback*);
-3. nothing: an op of a domain with neither leaves its outputs unknown (strict mode raises).
+1. ``Constant`` directly; ``If``, ``Loop`` and ``Scan`` by the engine itself, inferring their
+   bodies (``inference.subgraphs``);
+2. its own rule (``inference.registry``, selected by the model's opset for the node's domain);
+3. onnx's per-node inference for the schema ``onnx.defs`` selects (the *fallback*);
+4. a model-local function, inlined per call (``inference.functions``);
+5. nothing: an op of a domain with none of these leaves its outputs unknown (strict mode raises).
 
-Constants (``Constant`` nodes, initializers) carry their value, and a few cheap operators on
-small integer tensors (``Shape``, ``Gather``, ``Concat``, ...) are folded so that shape
-computations such as ``Shape -> Gather -> Concat -> Reshape`` stay known.
+A node missing a required input (``onnx.defs``: a single, non-optional formal parameter, or
+fewer values than a variadic one's minimum) is reported (``schema.required-input``) and its
+rule is not called.
+
+Constants (``Constant`` nodes, initializers) carry their value, read from the proto only when
+a rule asks for it, and a few cheap operators on small integer tensors (``Shape``,
+``Gather``, ``Concat``, ...) are folded so that ``Shape -> Gather -> Concat -> Reshape`` stays
+known.
+
+Speed: a node's result is a function of its op, opset, attributes, input types and the
+constant inputs its rule reads, so the pass memoizes it on exactly that (small constants by
+content; a rule that reads a large constant is simply not memoized). Repeated blocks of a
+model are typed once. Types are serialized once per distinct value (for onnx's fallback and
+for the write-back, which builds ``value_info`` as bytes).
 
 ``infer`` runs the pass once; ``infer_shapes`` (a model with ``value_info``), ``infer_values``
 (name -> ``TensorInfo``) and ``check_model`` (a list of ``Diagnostic``) are views of it.
@@ -16,7 +30,11 @@ computations such as ``Shape -> Gather -> Concat -> Reshape`` stay known.
 
 from __future__ import annotations
 
+import gc
 import os
+import re
+from contextlib import contextmanager
+from itertools import repeat
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Iterable, Mapping
@@ -32,31 +50,40 @@ from inference.diagnostics import MODEL_NODE, Diagnostic, one_line
 from inference.dims import DimLike
 from inference.registry import NodeContext, normalize_domain
 from onnx_quant.errors import InferenceError
-from onnx_quant.model_io import EXAMPLE_NAME, ModelSource, load_model
+from onnx_quant.model_io import EXAMPLE_NAME, ModelSource, check_external_location, load_model
 
 #: Constants up to this many elements are handed to onnx's inference as input data
 #: (Reshape's shape, Slice's starts, Resize's scales need it; weights never do).
 _DATA_MAX_ELEMENTS = 64
 #: Folded constants stay below this size: shape arithmetic, not constant folding.
 _FOLD_MAX_ELEMENTS = 1024
+#: An initializer or Constant of at most this many elements is part of a node's memo key by
+#: content; a rule reading a bigger one is not memoized for that node.
+_KEY_MAX_ELEMENTS = 64
 
 # How a value was typed, as ``InferenceResult.typed_by`` and the CLI name it.
 SOURCE_INPUT = "input"
 SOURCE_INITIALIZER = "initializer"
 SOURCE_CONSTANT = "constant"
+SOURCE_RULE = "rule"
 SOURCE_FALLBACK = "onnx-fallback"
+SOURCE_FUNCTION = "function"
 SOURCE_UNKNOWN = "unknown"
 SOURCE_FAILED = "failed"
 SOURCE_DECLARED = "declared"
+
+_GRAPH_ATTRS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 
 
 @dataclass(frozen=True)
 class NodeRecord:
     """How one node was typed.
 
-    ``source`` is ``"rule"``, ``"onnx-fallback"``, ``"constant"``, ``"unknown"`` (no rule and
-    no schema) or ``"failed"`` (the rule or onnx rejected the node); ``version`` is the
-    since_version of the rule's or schema's version that served the model's opset.
+    ``source`` is ``"rule"``, ``"onnx-fallback"``, ``"constant"``, ``"function"`` (a
+    model-local function, inlined), ``"unknown"`` (no rule, no schema, no function) or
+    ``"failed"`` (the rule or onnx rejected the node, or a required input is missing);
+    ``version`` is the since_version of the rule's or schema's version that served the model's
+    opset.
     """
 
     index: int
@@ -68,29 +95,46 @@ class NodeRecord:
 
     def describe(self) -> str:
         """Short form for tables: ``rule QLinearConv v10``, ``onnx-fallback Relu v14``, ``unknown``."""
-        op = f"{self.domain}::{self.op_type}" if self.domain else self.op_type
-        ver = f" v{self.version}" if self.version is not None else ""
-        if self.source in ("rule", SOURCE_FALLBACK, SOURCE_FAILED):
-            return f"{self.source} {op}{ver}"
-        return self.source
+        return _describe(self.source, self.domain, self.op_type, self.version)
+
+
+def _describe(source: str, domain: str, op_type: str, version: int | None) -> str:
+    op = f"{domain}::{op_type}" if domain else op_type
+    if source == SOURCE_FUNCTION:
+        return f"function {op}"
+    ver = f" v{version}" if version is not None else ""
+    if source in (SOURCE_RULE, SOURCE_FALLBACK, SOURCE_FAILED):
+        return f"{source} {op}{ver}"
+    return source
 
 
 @dataclass
 class InferenceResult:
     """The outcome of one pass; ``infer_shapes``, ``infer_values`` and ``check_model`` read it.
 
-    ``ctx`` holds every value's ``TensorInfo``; ``errors`` every violation found (lenient mode
-    records them instead of raising) and ``diagnostics`` the same as ``Diagnostic``s;
-    ``nodes`` one ``NodeRecord`` per node; ``typed_by`` value name -> what typed it
-    (``input``, ``initializer``, a node's ``NodeRecord.describe()``, ``declared``...);
-    ``other_types`` the non-tensor types (sequences, optionals, maps) onnx inferred, which a
-    ``TensorInfo`` cannot hold.
+    ``ctx`` holds every value's ``TensorInfo`` (of the main graph); ``errors`` every violation
+    found (lenient mode records them instead of raising) and ``diagnostics`` the same as
+    ``Diagnostic``s; ``nodes`` one ``NodeRecord`` per node of the main graph; ``typed_by``
+    value name -> what typed it (``input``, ``initializer``, a node's
+    ``NodeRecord.describe()``, ``declared``...); ``other_types`` the non-tensor types
+    (sequences, optionals, maps) onnx inferred, which a ``TensorInfo`` cannot hold;
+    ``subgraphs`` the values of every ``If``/``Loop``/``Scan`` body, by path (see
+    :func:`subgraph_values`).
     """
 
     ctx: ShapesContext
-    nodes: list[NodeRecord] = field(default_factory=list)
     typed_by: dict[str, str] = field(default_factory=dict)
     other_types: dict[str, onnx.TypeProto] = field(default_factory=dict)
+    subgraphs: dict[tuple, "_Graph"] = field(default_factory=dict, repr=False)
+    _records: list = field(default_factory=list, repr=False)
+    _nodes: list | None = field(default=None, repr=False)
+
+    @property
+    def nodes(self) -> list[NodeRecord]:
+        if self._nodes is None or len(self._nodes) != len(self._records):
+            self._nodes = [NodeRecord(i, _label(node, i), _norm(node.domain), node.op_type, source, version)
+                           for i, node, source, version in self._records]
+        return self._nodes
 
     @property
     def errors(self) -> list[InferenceError]:
@@ -102,6 +146,12 @@ class InferenceResult:
 
     def values(self) -> dict[str, TensorInfo]:
         return dict(self.ctx.items())
+
+    def subgraph_values(self) -> dict[str, dict[str, TensorInfo]]:
+        """Values of every subgraph body, keyed by where the body is:
+        ``"<node label>/<attribute>"`` (nested bodies join with ``/``; ``Scan``/``Loop``
+        bodies are ``.../body``, ``If`` branches ``.../then_branch`` and ``.../else_branch``)."""
+        return {g.where: dict(g.scope.local_items()) for g in self.subgraphs.values()}
 
 
 # ------------------------------------------------------------------ public API
@@ -115,7 +165,8 @@ def infer(model: ModelSource, *, strict: bool = False,
     ``InferenceError``.
     """
     proto = load_model(model)
-    return _Pass(proto, strict=strict).run(input_shapes)
+    with _no_gc():
+        return _Pass(proto, strict=strict).run(input_shapes)
 
 
 def infer_shapes(model: ModelSource, *, strict: bool = False) -> onnx.ModelProto:
@@ -123,11 +174,13 @@ def infer_shapes(model: ModelSource, *, strict: bool = False) -> onnx.ModelProto
 
     A drop-in for ``onnx.shape_inference.infer_shapes``. Declared graph-output dims that are
     known are kept; a declared output type that contradicts the inferred one raises in strict
-    mode and is kept (with a diagnostic) in lenient mode.
+    mode and is kept (with a diagnostic) in lenient mode. Subgraph bodies get ``value_info``
+    too.
     """
     proto = load_model(model)
-    result = _Pass(proto, strict=strict).run(None)
-    return write_back(proto, result)
+    with _no_gc():
+        result = _Pass(proto, strict=strict).run(None)
+        return write_back(proto, result)
 
 
 def infer_values(model: ModelSource, input_shapes: Mapping[str, Iterable[Any]] | None = None, *,
@@ -149,7 +202,8 @@ def check(model: ModelSource) -> tuple[list[Diagnostic], InferenceResult]:
         onnx.checker.check_model(os.fspath(model) if is_file else proto)
     except Exception as e:  # onnx raises ValidationError, but also C++ errors of other kinds
         found.append(Diagnostic(MODEL_NODE, "onnx.checker", one_line(e)))
-    result = _Pass(proto, strict=False).run(None)
+    with _no_gc():
+        result = _Pass(proto, strict=False).run(None)
     found.extend(result.diagnostics)
     return found, result
 
@@ -162,52 +216,129 @@ def check_model(model: ModelSource) -> list[Diagnostic]:
     return check(model)[0]
 
 
+@contextmanager
+def _no_gc():
+    """The pass allocates many small objects and frees none of them until it ends: the cyclic
+    garbage collector would re-scan them again and again (half the pass on big models), so
+    it is paused for the pass and resumed as it was."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+# ------------------------------------------------------------------ write-back
 def write_back(model: onnx.ModelProto, result: InferenceResult) -> onnx.ModelProto:
-    """A copy of ``model`` carrying the result: value_info for intermediates, typed outputs."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    graph = out.graph
-    del graph.value_info[:]
-    ctx = result.ctx
-    source = model.graph
-    skip = {v.name for v in source.input} | {t.name for t in source.initializer} | {v.name for v in source.output}
-    skip |= {t.values.name for t in source.sparse_initializer}
-    existing = {vi.name: vi for vi in source.value_info}
-    texts: dict = {}
-    emitted: set[str] = set()
-    for node in source.node:
-        for name in node.output:
-            if not name or name in skip or name in emitted:
-                continue
-            other, info, old = result.other_types.get(name), ctx.get(name), existing.get(name)
-            if other is not None:
-                vi = graph.value_info.add(name=name)
-                vi.type.CopyFrom(other)
-            elif info is not None and info.elem_type:
-                vi = graph.value_info.add(name=name)
-                write_type(vi.type, info, texts)
-            elif old is not None:
-                vi = graph.value_info.add()
-                vi.CopyFrom(old)
-            else:
-                continue
-            if old is not None and old.doc_string:
-                vi.doc_string = old.doc_string
-            emitted.add(name)
-    # annotations of names the pass never produced (e.g. inside subgraphs) are kept as they were
-    for name, old in existing.items():
-        if name not in emitted and name not in skip:
-            graph.value_info.add().CopyFrom(old)
-    for vo in graph.output:
-        info = ctx.get(vo.name)
-        other = result.other_types.get(vo.name)
-        declared_kind = vo.type.WhichOneof("value")
-        if other is not None and declared_kind != "tensor_type":
-            vo.type.CopyFrom(other)
-        elif info is not None and info.elem_type and declared_kind in (None, "tensor_type"):
-            vo.type.Clear()
-            write_type(vo.type, info, texts)
+    """A copy of ``model`` carrying the result: value_info for intermediates (in subgraph
+    bodies too), typed graph outputs."""
+    with _no_gc():
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        writer = _Writer(result)
+        writer.graph(out.graph, model.graph, result.main, top=True)
     return out
+
+
+class _Writer:
+    def __init__(self, result: InferenceResult) -> None:
+        self.result = result
+        self.owner = result.owner
+
+    def graph(self, graph: onnx.GraphProto, source: onnx.GraphProto, g: "_Graph", *, top: bool) -> None:
+        scope, typebytes = g.scope, self.owner.type_bytes
+        local = scope._values
+        other = scope.other
+        skip = {v.name for v in source.input} | {v.name for v in source.output} | {""}
+        skip |= g.initializer_names if g.initializer_names is not None else {t.name for t in source.initializer}
+        skip |= {t.values.name for t in source.sparse_initializer}
+        existing = {vi.name: vi for vi in source.value_info} if len(source.value_info) else {}
+        del graph.value_info[:]
+        parts: list[bytes] = []
+        emitted: set[str] = set()
+        type_parts: dict[int, bytes] = {}
+        varint = _varint
+        for name in g.produced:
+            if name in skip or name in emitted:
+                continue
+            info = local.get(name)
+            tpart = type_parts.get(id(info))
+            old = existing.get(name) if existing else None
+            if tpart is None or old is not None or name in other:
+                tp = other.get(name)
+                if tp is not None:
+                    tb = tp.SerializeToString()
+                elif info is not None and info.elem_type:
+                    tb = typebytes(info)
+                elif old is not None:
+                    tb = old.type.SerializeToString()
+                else:
+                    continue
+                tpart = b"\x12" + varint(len(tb)) + tb
+                if tp is None and old is None:
+                    type_parts[id(info)] = tpart
+                if old is not None and old.doc_string:
+                    db = old.doc_string.encode()
+                    tpart += b"\x1a" + varint(len(db)) + db
+            nb = name.encode()
+            body = b"\x0a" + varint(len(nb)) + nb + tpart
+            parts.append(b"\x6a" + varint(len(body)) + body)  # GraphProto.value_info = 13
+            emitted.add(name)
+        # annotations of names the pass never produced are kept as they were
+        for name, old in existing.items():
+            if name not in emitted and name not in skip:
+                vb = old.SerializeToString()
+                parts.append(b"\x6a" + varint(len(vb)) + vb)
+        if parts:
+            graph.MergeFromString(b"".join(parts))
+        texts: dict = {}
+        for vo in graph.output:
+            info = scope.get(vo.name)
+            tp = scope.other_type(vo.name)
+            declared_kind = vo.type.WhichOneof("value")
+            if tp is not None and declared_kind != "tensor_type":
+                vo.type.CopyFrom(tp)
+            elif info is not None and info.elem_type and declared_kind in (None, "tensor_type"):
+                merged = g.final_outputs.get(vo.name, info)
+                vo.type.Clear()
+                write_type(vo.type, merged, texts)
+        if not top:  # body inputs the model left untyped get what the pass seeded them with
+            for vi in graph.input:
+                info = local.get(vi.name)
+                if info is not None and info.elem_type and not vi.type.tensor_type.elem_type \
+                        and vi.type.WhichOneof("value") in (None, "tensor_type"):
+                    vi.type.Clear()
+                    write_type(vi.type, info, texts)
+        # bodies of If / Loop / Scan
+        for path_step, sub in g.children.items():
+            index, attr_name, gi = path_step
+            for a in graph.node[index].attribute:
+                if a.name != attr_name:
+                    continue
+                target = a.g if a.type == onnx.AttributeProto.GRAPH else a.graphs[gi]
+                src_attr = next(x for x in source.node[index].attribute if x.name == attr_name)
+                src = src_attr.g if src_attr.type == onnx.AttributeProto.GRAPH else src_attr.graphs[gi]
+                self.graph(target, src, sub, top=False)
+
+
+_SMALL_VARINTS = [bytes((i,)) for i in range(0x80)] + [bytes((0x80 | (i & 0x7F), i >> 7)) for i in range(0x80, 0x4000)]
+
+
+def _varint(n: int) -> bytes:
+    """Protobuf base-128 varint of a non-negative int."""
+    if n < 0x4000:
+        return _SMALL_VARINTS[n]
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
 
 
 def write_type(tp: onnx.TypeProto, info: TensorInfo, texts: dict | None = None) -> None:
@@ -235,102 +366,433 @@ def write_type(tp: onnx.TypeProto, info: TensorInfo, texts: dict | None = None) 
             dim.dim_param = text
 
 
+# ------------------------------------------------------------------ lazy constants
+class _Lazy(TensorInfo):
+    """An initializer or ``Constant`` tensor: type and shape from the proto, the value read
+    from it only when a rule asks (``numpy_helper.to_array``); external data is never read.
+
+    Equal to (and hashing like) any ``TensorInfo`` of the same type and shape.
+    """
+
+    #: every read of a value (the memo notes which constants a rule looked at)
+    log: list = []
+
+    def __init__(self, proto: onnx.TensorProto, report=None) -> None:
+        d = self.__dict__
+        d["_proto"] = proto
+        d["_report"] = report
+
+    @property
+    def elem_type(self) -> int:  # type: ignore[override]
+        d = self.__dict__
+        t = d.get("_elem_type")
+        if t is None:
+            t = d["_elem_type"] = d["_proto"].data_type
+        return t
+
+    @property
+    def shape(self) -> tuple[int, ...]:  # type: ignore[override]
+        d = self.__dict__
+        s = d.get("_shape")
+        if s is None:
+            s = d["_shape"] = tuple(d["_proto"].dims[:])
+        return s
+
+    @property
+    def value(self) -> np.ndarray | None:  # type: ignore[override]
+        d = self.__dict__
+        _Lazy.log.append(self)
+        if "_value" in d:
+            return d["_value"]
+        v = None
+        proto = d["_proto"]
+        if proto.data_location != onnx.TensorProto.EXTERNAL:
+            try:
+                v = numpy_helper.to_array(proto)
+            except Exception as e:  # malformed data (wrong raw_data length, unknown type)
+                if d["_report"] is not None:
+                    d["_report"](InferenceError(
+                        "initializer", MODEL_NODE, f"tensor {proto.name!r}: cannot read its data: {one_line(e)}"))
+        d["_value"] = v
+        return v
+
+    @property
+    def external(self) -> bool:
+        """Stored outside the model file (never read by the pass)."""
+        return self.__dict__["_proto"].data_location == onnx.TensorProto.EXTERNAL
+
+    @property
+    def size(self) -> int:
+        numel = 1
+        for s in self.shape:
+            numel *= s
+        return numel
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TensorInfo):
+            return self.elem_type == other.elem_type and self.shape == other.shape
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.elem_type, self.shape))
+
+    def __repr__(self) -> str:
+        return f"TensorInfo(elem_type={self.elem_type}, shape={self.shape})"
+
+
+_UNKNOWN = TensorInfo()
+
+
+class _Dep:
+    """Memo marker: results for this key depend on the content of these constant inputs."""
+
+    __slots__ = ("indices",)
+
+    def __init__(self, indices: frozenset) -> None:
+        self.indices = indices
+
+
+# ------------------------------------------------------------------ scopes and graphs
+class _Scope(ShapesContext):
+    """A graph's values. A body's scope reads through to the enclosing graphs' values
+    (outer-scope references); writes stay local."""
+
+    def __init__(self, opsets: dict[str, int], strict: bool, diagnostics: list,
+                 parent: "_Scope | None" = None) -> None:
+        self.opsets = opsets
+        self.strict = strict
+        self._values: dict[str, TensorInfo] = {}
+        self.diagnostics = diagnostics
+        self.parent = parent
+        self.other: dict[str, onnx.TypeProto] = {}  # non-tensor types (sequence, optional, map)
+        self.kids: dict[str, int] = {}  # name -> memo key id of its current value (a cache)
+
+    def __contains__(self, name: str) -> bool:
+        s = self
+        while s is not None:
+            if name in s._values:
+                return True
+            s = s.parent
+        return False
+
+    def __getitem__(self, name: str) -> TensorInfo:
+        s = self
+        while s is not None:
+            v = s._values.get(name)
+            if v is not None:
+                return v
+            s = s.parent
+        return TensorInfo()
+
+    def get(self, name: str) -> TensorInfo | None:
+        s = self
+        while s is not None:
+            v = s._values.get(name)
+            if v is not None:
+                return v
+            s = s.parent
+        return None
+
+    def other_type(self, name: str) -> onnx.TypeProto | None:
+        s = self
+        while s is not None:
+            if name in s._values:
+                return s.other.get(name)
+            s = s.parent
+        return None
+
+    def local_items(self):
+        return self._values.items()
+
+
+class _Graph:
+    """One graph being walked: the main graph, a subgraph body, or a function body."""
+
+    def __init__(self, proto, scope: _Scope, dispatch: dict, *, prefix: str = "", where: str = "",
+                 nodes: list | None = None, top: bool = False) -> None:
+        self.proto = proto
+        self.scope = scope
+        self.dispatch = dispatch
+        self.prefix = prefix  # prepended to node labels in diagnostics
+        self.where = where
+        self.nodes = list(proto.node) if nodes is None else nodes
+        self.top = top
+        self.declared: dict[str, tuple[TensorInfo, bool]] = {}
+        self.typed_by: dict[str, str] = {}
+        self.produced: list[str] = []
+        self.records: list | None = [] if top else None
+        self.children: dict[tuple, "_Graph"] = {}
+        self.final_outputs: dict[str, TensorInfo] = {}
+        self.initializer_names: set | None = None
+        self.get = scope._values.get if scope.parent is None else scope.get
+
+
+class _NodeCtx(NodeContext):
+    """``NodeContext`` whose label names the enclosing node for nodes inside bodies."""
+
+    prefix = ""
+
+    @property
+    def label(self) -> str:  # type: ignore[override]
+        return self.prefix + _label(self.node, self.index)
+
+
+def _label(node: onnx.NodeProto, index: int) -> str:
+    if node.name:
+        return f"{node.name!r} ({node.op_type})"
+    return f"#{index} ({node.op_type})"
+
+
+def _norm(domain: str) -> str:
+    return "" if domain in ("", "ai.onnx") else domain
+
+
+# dispatch kinds
+_K_NO_OPSET, _K_CONSTANT, _K_CONTROL, _K_RULE, _K_FALLBACK, _K_FUNCTION, _K_UNKNOWN = range(7)
+
+
+class _Entry:
+    """How nodes of one (domain, op_type) are typed under one set of opset imports."""
+
+    __slots__ = ("kind", "domain", "op", "opset", "version", "rule", "schema", "required", "variadic",
+                 "source", "described", "memo", "function", "handler")
+
+    def __init__(self, kind: int, domain: str, op: str, opset: int | None) -> None:
+        self.kind = kind
+        self.domain = domain
+        self.op = op
+        self.opset = opset
+        self.version: int | None = None
+        self.rule = None
+        self.schema = None
+        self.required: tuple = ()
+        self.variadic: tuple | None = None
+        self.source = SOURCE_UNKNOWN
+        self.described = ""
+        self.memo: dict | None = None  # rules and the fallback only
+        self.function = None
+        self.handler = None
+
+
 # ------------------------------------------------------------------ the pass
 class _Pass:
     """State of one walk; nothing outlives ``run``."""
 
     def __init__(self, model: onnx.ModelProto, *, strict: bool) -> None:
         self.model = model
-        self.graph = model.graph
         self.strict = strict
         opsets: dict[str, int] = {}
         for o in model.opset_import:
             opsets[normalize_domain(o.domain)] = int(o.version)
         if not model.opset_import:  # IR < 3 models imply ai.onnx opset 1
             opsets[""] = 1
-        self.ctx = ShapesContext(opsets, strict=strict)
-        self.result = InferenceResult(self.ctx)
-        # onnx's C++ inference takes serialized protos; each value's type is serialized once
-        self._type_bytes: dict[str, bytes] = {}
-        self._data_bytes: dict[str, bytes | None] = {}
+        self.opsets = opsets
+        self.diagnostics: list = []
+        scope = _Scope(opsets, strict, self.diagnostics)
+        self.ctx = scope
+        self.result = InferenceResult(scope)
+        self.result.owner = self  # type: ignore[attr-defined]
         self._onnx_opsets = {o.domain: int(o.version) for o in model.opset_import} or {"": 1}
         self._ir_version = int(model.ir_version) or onnx.IR_VERSION
         self._schemas: dict[tuple[str, str, int], Any] = {}
         self._parsed: dict[str, DimLike] = {}
-        self._texts: dict = {}  # Dim -> dim_param text
-        self._initializer_protos: dict[str, onnx.TensorProto] = {}
-        self._declared: dict[str, tuple[TensorInfo, bool]] = {}  # name -> (declared, is graph output)
-        self._local_functions = {(normalize_domain(f.domain), f.name) for f in model.functions}
+        self._texts: dict[int, tuple] = {}   # id(Dim) -> (Dim, dim_param text)
+        self._interned: dict[int, tuple] = {}  # id(info) -> (info, key id, type bytes)
+        self._key_ids: dict[tuple, int] = {}
+        self._data_bytes: dict[int, tuple] = {}  # id(info) -> (info, TensorProto bytes or None)
+        self._dispatch_tables: dict[tuple, dict] = {}
+        from inference import functions
+
+        self.functions = functions.index(model)
+        self._call_stack: list = []
+        top = _Graph(model.graph, scope, self.dispatch_table(opsets), top=True)
+        top.typed_by = self.result.typed_by
+        scope.other = self.result.other_types
+        self.main = top
+        self.result.main = top  # type: ignore[attr-defined]
+        self.result._records = top.records
 
     # -- driver
     def run(self, input_shapes: Mapping[str, Iterable[Any]] | None) -> InferenceResult:
-        self._seed(input_shapes)
-        for index, node in enumerate(self.graph.node):
-            self._node(index, node)
-        self._check_outputs_defined()
+        g = self.main
+        self._seed(g, input_shapes)
+        self.walk(g)
+        self._check_outputs_defined(g)
         return self.result
 
-    def _raise_or_record(self, err: InferenceError) -> None:
+    def walk(self, g: _Graph) -> None:
+        """Type every node of ``g`` in order. The loop is the memo's hit path: build the node's
+        key, and on a hit set the cached outputs; everything else is ``_slow_node``."""
+        dispatch = g.dispatch
+        scope = g.scope
+        kids_get = scope.kids.get
+        kids = scope.kids
+        kid_of = self._kid_of
+        values = scope._values
+        contains = values.__contains__ if scope.parent is None else scope.__contains__
+        typed_by = g.typed_by
+        declared = g.declared
+        produced = g.produced
+        records = g.records
+        has_functions = bool(self.functions)
+        slow = self._slow_node
+        for index, node in enumerate(g.nodes):
+            op = node.op_type
+            dkey = (node.domain, op, node.overload) if has_functions else (node.domain, op)
+            entry = dispatch.get(dkey)
+            if entry is None:
+                entry = self._entry(g, node, dkey)
+            memo = entry.memo
+            if memo is None:  # constants, control flow, functions, unknown ops: never memoized
+                slow(g, index, node, entry, None)
+                continue
+            key: list | None = []
+            for name in node.input[:]:
+                if name:
+                    kid = kids_get(name)
+                    if kid is None:
+                        kid = kid_of(g, name)
+                        if kid is None:  # not defined (yet): reported on the slow path
+                            key = None
+                            break
+                    key.append(kid)
+                else:
+                    key.append(0)
+            if key is None:
+                slow(g, index, node, entry, None)
+                continue
+            attrs = node.attribute
+            if len(attrs):
+                for a in attrs:
+                    t = a.type
+                    if t == 5 or t == 10:  # GRAPH, GRAPHS: bodies read outer-scope values
+                        key = None
+                        break
+                    key.append(a.SerializeToString())
+                if key is None:
+                    slow(g, index, node, entry, None)
+                    continue
+            outputs = node.output[:]
+            key.append(len(outputs))
+            if "" in outputs:
+                key.append(tuple(map(bool, outputs)))
+            key = tuple(key)
+            cached = memo.get(key)
+            if cached is not None and type(cached) is _Dep:  # the rule read constants: key them by content
+                cached = memo.get(self._content_key(g, node, key, cached.indices))
+            if cached is None:
+                slow(g, index, node, entry, key)
+                continue
+            described = entry.described
+            for name, out in zip(outputs, cached):
+                if name:
+                    if contains(name):
+                        self._redefined(g, index, node, name)
+                    values[name], kids[name] = out
+                    typed_by[name] = described
+                    if declared and name in declared:
+                        self._merge_declared(g, self.node_ctx(g, index, node, entry), name, out[0])
+            produced.extend(outputs)
+            if records is not None:
+                records.append((index, node, entry.source, entry.version))
+
+    def _kid_of(self, g: _Graph, name: str) -> int | None:
+        """Memo key id of the value ``name`` (None if it is not defined)."""
+        info = g.get(name)
+        if info is None:
+            return None
+        rec = self._interned.get(id(info)) or self._intern(info)
+        g.scope.kids[name] = rec[1]
+        return rec[1]
+
+    def raise_or_record(self, err: InferenceError) -> None:
         if self.strict:
             raise err
-        self.ctx.diagnostics.append(err)
+        self.diagnostics.append(err)
 
-    def _set(self, name: str, info: TensorInfo, source: str) -> None:
-        if not name:
-            return
-        self.ctx.set(name, info)
-        self._type_bytes.pop(name, None)
-        self._data_bytes.pop(name, None)
-        self.result.typed_by[name] = source
+    def dispatch_table(self, opsets: dict[str, int]) -> dict:
+        key = tuple(sorted(opsets.items()))
+        table = self._dispatch_tables.get(key)
+        if table is None:
+            table = self._dispatch_tables[key] = {}
+        return table
 
     # -- seeding
-    def _seed(self, input_shapes: Mapping[str, Iterable[Any]] | None) -> None:
-        graph = self.graph
+    def _seed(self, g: _Graph, input_shapes: Mapping[str, Iterable[Any]] | None) -> None:
+        graph = g.proto
+        values = g.scope._values
+        typed_by = g.typed_by
+        report = self.raise_or_record
         input_names = {v.name for v in graph.input}
-        for t in graph.initializer:
-            self._initializer_protos[t.name] = t
-            # an initializer that is also a graph input is only a default: not a constant
-            value = None if t.name in input_names else self._initializer_value(t)
-            info = TensorInfo(int(t.data_type), tuple(int(d) for d in t.dims), value)
-            self._set(t.name, info, SOURCE_INITIALIZER)
+        inits = graph.initializer
+        names = [t.name for t in inits]
+        values.update(zip(names, map(_Lazy, inits, repeat(report))))
+        typed_by.update(dict.fromkeys(names, SOURCE_INITIALIZER))
+        for name in input_names.intersection(names):  # only a default the caller may override: not a constant
+            info = values[name]
+            values[name] = TensorInfo(info.elem_type, info.shape)
+        g.initializer_names = set(names)
         for st in graph.sparse_initializer:
-            self._set(st.values.name, TensorInfo(int(st.values.data_type), tuple(int(d) for d in st.dims)), SOURCE_INITIALIZER)
+            name = st.values.name
+            values[name] = TensorInfo(int(st.values.data_type), tuple(int(d) for d in st.dims))
+            typed_by[name] = SOURCE_INITIALIZER
         for v in graph.input:
             if v.type.WhichOneof("value") not in (None, "tensor_type"):
-                self.result.other_types[v.name] = v.type
-                self._set(v.name, TensorInfo(), SOURCE_INPUT)
+                g.scope.other[v.name] = v.type
+                values[v.name] = TensorInfo()
+                typed_by[v.name] = SOURCE_INPUT
                 continue
-            declared = self._from_type_proto(v.type)
-            if v.name in self._initializer_protos and not declared.is_typed:
+            declared = self.from_type_proto(v.type)
+            if v.name in values and typed_by.get(v.name) == SOURCE_INITIALIZER and not declared.is_typed:
                 continue  # keep what the initializer says
-            self._set(v.name, declared, SOURCE_INPUT)
+            values[v.name] = declared
+            typed_by[v.name] = SOURCE_INPUT
         if input_shapes:
-            self._override_inputs(input_shapes, input_names)
+            self._override_inputs(g, input_shapes, input_names)
+        self.seed_declared(g)
+
+    def seed_declared(self, g: _Graph) -> None:
+        graph = g.proto
         for vi in graph.value_info:
             if vi.type.HasField("tensor_type"):
-                self._declared[vi.name] = (self._from_type_proto(vi.type), False)
+                g.declared[vi.name] = (self.from_type_proto(vi.type), False)
         for vo in graph.output:
             if vo.type.HasField("tensor_type"):
-                self._declared[vo.name] = (self._from_type_proto(vo.type), True)
+                g.declared[vo.name] = (self.from_type_proto(vo.type), True)
 
-    def _initializer_value(self, t: onnx.TensorProto) -> np.ndarray | None:
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            return None  # not loaded; shape and type are still known from the proto
-        try:
-            return numpy_helper.to_array(t)
-        except Exception as e:  # malformed data (wrong raw_data length, unknown type)
-            self._raise_or_record(InferenceError(
-                "initializer", MODEL_NODE, f"initializer {t.name!r}: cannot read its data: {one_line(e)}"))
-            return None
+    def seed_body(self, g: _Graph, inputs: list[TensorInfo | None]) -> None:
+        """Initializers, inputs (``inputs[i]``, already merged with the declaration; ``None``
+        keeps the declared type) and declared types of a subgraph body."""
+        graph = g.proto
+        values = g.scope._values
+        for t in graph.initializer:
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                check_external_location(t)
+            values[t.name] = _Lazy(t, self.raise_or_record)
+            g.typed_by[t.name] = SOURCE_INITIALIZER
+        for st in graph.sparse_initializer:
+            values[st.values.name] = TensorInfo(int(st.values.data_type), tuple(int(d) for d in st.dims))
+        for i, v in enumerate(graph.input):
+            info = inputs[i] if i < len(inputs) else None
+            if info is None:
+                if v.type.WhichOneof("value") not in (None, "tensor_type"):
+                    g.scope.other[v.name] = v.type
+                    info = TensorInfo()
+                else:
+                    info = self.from_type_proto(v.type)
+            values[v.name] = info
+            g.typed_by[v.name] = SOURCE_INPUT
+        self.seed_declared(g)
 
-    def _override_inputs(self, input_shapes: Mapping[str, Iterable[Any]], input_names: set[str]) -> None:
+    def _override_inputs(self, g: _Graph, input_shapes: Mapping[str, Iterable[Any]], input_names: set[str]) -> None:
+        values = g.scope._values
         bindings: dict[str, int] = {}
         for name, shape in input_shapes.items():
             if name not in input_names:
                 raise InferenceError("input-shapes", MODEL_NODE, f"{name!r} is not a graph input",
                                      expected=f"one of {sorted(input_names)}", found=repr(name))
             new = tuple(_dim_arg(d, name) for d in shape)
-            declared = self.ctx[name]
+            declared = g.scope[name]
             if declared.shape is not None:
                 if len(declared.shape) != len(new):
                     raise InferenceError("input-shapes", MODEL_NODE, f"input {name!r}: rank differs from the model's",
@@ -344,120 +806,59 @@ class _Pass:
                         if bindings.setdefault(sym, given) != given:
                             raise InferenceError("input-shapes", MODEL_NODE, f"symbol {sym!r} bound twice",
                                                  expected=str(bindings[sym]), found=str(given))
-            self._set(name, TensorInfo(declared.elem_type, new), SOURCE_INPUT)
+            values[name] = TensorInfo(declared.elem_type, new)
+            g.typed_by[name] = SOURCE_INPUT
         if not bindings:
             return
         for name in input_names - set(input_shapes):
-            info = self.ctx.get(name)
-            if info is None or info.shape is None or self.result.typed_by.get(name) != SOURCE_INPUT:
+            info = values.get(name)
+            if info is None or info.shape is None or g.typed_by.get(name) != SOURCE_INPUT:
                 continue
             bound = tuple(_bind(d, bindings) for d in info.shape)
-            self._set(name, TensorInfo(info.elem_type, bound, info.value), SOURCE_INPUT)
+            values[name] = TensorInfo(info.elem_type, bound, info.value)
 
-    # -- one node
-    def _node(self, index: int, node: onnx.NodeProto) -> None:
-        domain = normalize_domain(node.domain)
-        opset = self.ctx.opset(domain)
-        n = NodeContext(node, index, self.ctx, 0, opset or 0)
-        self._check_inputs_defined(n)
-        self._check_outputs_fresh(n)
-        for name in node.output:  # a value defined twice must not keep the first one's caches
-            self._type_bytes.pop(name, None)
-            self._data_bytes.pop(name, None)
+    # -- dispatch
+    def _entry(self, g: _Graph, node: onnx.NodeProto, key: tuple) -> _Entry:
+        domain = _norm(node.domain)
+        op = node.op_type
+        opset = g.scope.opset(domain)
+        function = self.functions.get((domain, op, node.overload))
         if opset is None:
-            self._raise_or_record(n.error(
-                "opset-import", f"domain {domain or 'ai.onnx'!r} is not in the model's opset_import"))
-            self._finish(n, domain, SOURCE_UNKNOWN, None)
-            return
-        if domain == "" and node.op_type == "Constant" and self._constant(n):
-            self._finish(n, domain, SOURCE_CONSTANT, registry.schema_version("", "Constant", opset))
-            return
-        found = registry.lookup(domain, node.op_type, opset)
-        if found is not None:
-            rule, version = found
-            n.version = version
-            source = "rule" if self._run_rule(rule, n) else SOURCE_FAILED
-            self._finish(n, domain, source, version)
-            return
-        schema = self._schema(domain, node.op_type, opset)
-        if schema is not None:
-            self._finish(n, domain, self._fallback(schema, n), schema.since_version)
-            return
-        self._unknown_op(n, domain, opset)
-        self._finish(n, domain, SOURCE_UNKNOWN, None)
+            e = _Entry(_K_FUNCTION if function is not None else _K_NO_OPSET, domain, op, None)
+        elif domain == "" and op == "Constant":
+            e = _Entry(_K_CONSTANT, domain, op, opset)
+            e.version = registry.schema_version("", "Constant", opset)
+        else:
+            from inference import subgraphs
 
-    def _finish(self, n: NodeContext, domain: str, source: str, version: int | None) -> None:
-        record = NodeRecord(n.index, n.label, domain, n.node.op_type, source, version)
-        self.result.nodes.append(record)
-        described = record.describe()
-        ok = source in ("rule", SOURCE_FALLBACK, SOURCE_CONSTANT)
-        # what the rule or onnx gave: folding or a declaration may replace it below
-        typed = {name: self.ctx.get(name) for name in n.node.output if name}
-        if ok:
-            self._fold(n)
-        for name, given in typed.items():
-            info = self.ctx.get(name)
-            if info is None or not ok:
-                info = TensorInfo()  # a failed node's outputs are unknown, whatever it set
-                self.ctx.set(name, info)
-            self.result.typed_by[name] = described
-            if name in self._declared:
-                self._merge_declared(n, name, info)
-            if self.ctx.get(name) is not given:  # onnx's cached bytes no longer describe it
-                self._type_bytes.pop(name, None)
-
-    def _check_inputs_defined(self, n: NodeContext) -> None:
-        for name in n.node.input:
-            if name and name not in self.ctx:
-                later = self._producer_after(name, n.index)
-                where = (f"it is produced later by node #{later} ({self.graph.node[later].op_type}): "
-                         "the graph is not topologically sorted") if later is not None else \
-                    "no node, graph input or initializer produces it"
-                self._raise_or_record(n.error("graph-order", f"input {name!r} is not defined before this node: {where}"))
-
-    def _producer_after(self, name: str, index: int) -> int | None:
-        for j in range(index + 1, len(self.graph.node)):  # only on the error path
-            if name in self.graph.node[j].output:
-                return j
-        return None
-
-    def _check_outputs_fresh(self, n: NodeContext) -> None:
-        for name in n.node.output:
-            if name and name in self.ctx:
-                self._raise_or_record(n.error(
-                    "single-assignment", f"output {name!r} is already defined ({self.result.typed_by.get(name, 'earlier')})"))
-
-    def _unknown_op(self, n: NodeContext, domain: str, opset: int) -> None:
-        op = n.node.op_type
-        if (domain, op) in self._local_functions:
-            return  # a model-local function: valid, but its body is not inferred
-        if domain == "":
-            first = _first_version(op)
-            if first is not None:
-                msg = f"{op} is not defined at ai.onnx opset {opset}: it first appears in opset {first}"
+            e = _Entry(_K_UNKNOWN, domain, op, opset)
+            schema = self.schema(domain, op, opset)
+            handler = subgraphs.HANDLERS.get(op) if domain == "" and schema is not None else None
+            if handler is not None and subgraphs.handles(op, schema.since_version):
+                e.kind, e.handler, e.version = _K_CONTROL, handler, schema.since_version
             else:
-                msg = f"ai.onnx has no operator {op!r}"
-            self._raise_or_record(n.error("unknown-op", msg))
-        elif self.strict:
-            raise n.error("unknown-op", f"no rule and no ONNX schema for {domain}::{op} (opset {opset})")
+                found = registry.lookup(domain, op, opset)
+                if found is not None:
+                    e.kind, (e.rule, e.version) = _K_RULE, found
+                elif schema is not None:
+                    e.kind, e.version = _K_FALLBACK, schema.since_version
+                elif function is not None:
+                    e.kind = _K_FUNCTION
+            if schema is not None and e.kind in (_K_CONTROL, _K_RULE, _K_FALLBACK):
+                e.schema = schema
+                e.required, e.variadic = _required_inputs(schema)
+        if e.kind == _K_FUNCTION:
+            e.function = function
+        source = {_K_RULE: SOURCE_RULE, _K_CONTROL: SOURCE_RULE, _K_FALLBACK: SOURCE_FALLBACK,
+                  _K_FUNCTION: SOURCE_FUNCTION, _K_CONSTANT: SOURCE_CONSTANT}.get(e.kind, SOURCE_UNKNOWN)
+        e.source = source
+        e.described = _describe(source, domain, op, e.version)
+        if e.kind in (_K_RULE, _K_FALLBACK):
+            e.memo = {}
+        g.dispatch[key] = e
+        return e
 
-    # -- rules and the fallback
-    def _run_rule(self, rule, n: NodeContext) -> bool:
-        try:
-            rule(self.ctx, n)
-            return True
-        except InferenceError as e:
-            if self.strict:
-                raise
-            self.ctx.diagnostics.append(e)
-        except Exception as e:  # a bug in a rule must not take the whole pass down
-            err = n.error("internal", f"rule for {n.node.op_type} v{n.version} crashed: {type(e).__name__}: {one_line(e)}")
-            if self.strict:
-                raise err from e
-            self.ctx.diagnostics.append(err)
-        return False
-
-    def _schema(self, domain: str, op_type: str, opset: int):
+    def schema(self, domain: str, op_type: str, opset: int):
         key = (domain, op_type, opset)
         if key not in self._schemas:
             try:
@@ -466,87 +867,354 @@ class _Pass:
                 self._schemas[key] = None
         return self._schemas[key]
 
+    # -- one node
+    def _content_key(self, g: _Graph, node, key: tuple, indices: frozenset) -> tuple:
+        get = g.get
+        parts = [key, indices]
+        for i in sorted(indices):
+            info = get(node.input[i])
+            rec = self._interned.get(id(info)) or self._intern(info)
+            parts.append(rec[3] if rec[3] is not None else self._content_id(info, rec))
+        return tuple(parts)
+
+    def _content_id(self, info: TensorInfo, rec: tuple) -> int:
+        """Key id of a constant's type and content (a big one's is its identity)."""
+        if info.external:
+            vk = None
+        elif info.size > _KEY_MAX_ELEMENTS:
+            vk = ("object", id(info))
+        else:
+            vk = _proto_content(info.__dict__["_proto"])
+            if vk is None:
+                v = info.value
+                vk = None if v is None else _array_key(v)
+        k = ("content", rec[1], vk)
+        kid = self._key_ids.get(k)
+        if kid is None:
+            kid = self._key_ids[k] = len(self._key_ids) + 1
+        rec = self._interned[id(info)]
+        self._interned[id(info)] = (rec[0], rec[1], rec[2], kid)
+        return kid
+
+    def node_ctx(self, g: _Graph, index: int, node, entry: _Entry) -> _NodeCtx:
+        n = _NodeCtx(node, index, g.scope, entry.version or 0, entry.opset or 0)
+        n.prefix = g.prefix
+        return n
+
+    def _redefined(self, g: _Graph, index: int, node, name: str) -> None:
+        n = _NodeCtx(node, index, g.scope, 0, 0)
+        n.prefix = g.prefix
+        self.raise_or_record(n.error(
+            "single-assignment", f"output {name!r} is already defined ({g.typed_by.get(name, 'earlier')})"))
+
+    def _slow_node(self, g: _Graph, index: int, node, entry: _Entry, key: tuple | None) -> None:
+        n = self.node_ctx(g, index, node, entry)
+        scope = g.scope
+        self._check_inputs_defined(g, n)
+        for name in node.output:
+            if name and name in scope:
+                self._redefined(g, index, node, name)
+        kind = entry.kind
+        diag_mark = len(self.diagnostics)
+        log = _Lazy.log
+        log.clear()
+        source = SOURCE_UNKNOWN
+        if kind is _K_NO_OPSET:
+            self.raise_or_record(n.error(
+                "opset-import", f"domain {entry.domain or 'ai.onnx'!r} is not in the model's opset_import"))
+        elif kind is _K_CONSTANT:
+            if self._constant(n):
+                source = SOURCE_CONSTANT
+            else:  # malformed: let the Constant rule or onnx judge it
+                found = registry.lookup("", "Constant", entry.opset)
+                schema = self.schema("", "Constant", entry.opset)
+                if found is not None:
+                    n.version = found[1]
+                    source = SOURCE_RULE if self._run_rule(found[0], n) else SOURCE_FAILED
+                elif schema is not None:
+                    source = self._fallback(schema, n)
+        elif kind is _K_FUNCTION:
+            from inference import functions
+
+            source = SOURCE_FUNCTION if functions.call(self, g, n, entry.function) else SOURCE_FAILED
+        elif kind is _K_UNKNOWN:
+            self._unknown_op(n, entry)
+        elif not self._required_present(n, entry):
+            source = SOURCE_FAILED
+        elif kind is _K_RULE:
+            source = SOURCE_RULE if self._run_rule(entry.rule, n) else SOURCE_FAILED
+        elif kind is _K_FALLBACK:
+            source = self._fallback(entry.schema, n)
+        else:  # _K_CONTROL
+            source = SOURCE_RULE if entry.handler(self, g, n) else SOURCE_FAILED
+        ok = source in (SOURCE_RULE, SOURCE_FALLBACK, SOURCE_CONSTANT, SOURCE_FUNCTION)
+        if ok:
+            self._fold(n)
+        values = scope._values
+        described = _describe(source, entry.domain, entry.op, entry.version) if source != SOURCE_UNKNOWN \
+            else SOURCE_UNKNOWN
+        outs = []
+        kids = scope.kids
+        interned = self._interned
+        for name in node.output:
+            if not name:
+                outs.append(None)
+                continue
+            info = values.get(name)
+            if info is None or not ok:
+                info = values[name] = _UNKNOWN  # a failed node's outputs are unknown, whatever it set
+            rec = interned.get(id(info)) or self._intern(info)
+            kids[name] = rec[1]
+            outs.append((info, rec[1]))
+            g.typed_by[name] = described
+        # memoize a clean result (no diagnostics, tensor outputs only) on what the rule read
+        if key is not None and ok and len(self.diagnostics) == diag_mark \
+                and not any(name and name in scope.other for name in node.output):
+            self._memoize(g, node, entry, key, tuple(outs), log)
+        log.clear()
+        if g.declared:
+            for name in node.output:
+                if name and name in g.declared:
+                    self._merge_declared(g, n, name, values[name])
+        g.produced.extend(node.output)
+        if g.records is not None:
+            g.records.append((index, node, source, entry.version if source != SOURCE_UNKNOWN else None))
+
+    def _memoize(self, g: _Graph, node, entry: _Entry, key: tuple, outs: tuple, reads: list) -> None:
+        memo = entry.memo
+        if not reads:
+            if memo.get(key) is None:
+                memo[key] = outs
+            return
+        read = {id(x) for x in reads}
+        get = g.get
+        indices = {i for i, name in enumerate(node.input) if name and id(get(name)) in read}
+        if len(read) != len({id(get(node.input[i])) for i in indices}):
+            return  # the rule read a constant that is not one of its inputs: not memoized
+        dep = memo.get(key)
+        if type(dep) is _Dep and indices <= dep.indices:
+            indices = dep.indices
+        else:
+            indices = frozenset(indices | (dep.indices if type(dep) is _Dep else set()))
+            memo[key] = _Dep(indices)
+        memo[self._content_key(g, node, key, indices)] = outs
+
+    def _check_inputs_defined(self, g: _Graph, n: NodeContext) -> None:
+        scope = g.scope
+        for name in n.node.input:
+            if name and name not in scope:
+                later = self._producer_after(g, name, n.index)
+                where = (f"it is produced later by node #{later} ({g.nodes[later].op_type}): "
+                         "the graph is not topologically sorted") if later is not None else \
+                    "no node, graph input or initializer produces it"
+                self.raise_or_record(n.error("graph-order", f"input {name!r} is not defined before this node: {where}"))
+
+    @staticmethod
+    def _producer_after(g: _Graph, name: str, index: int) -> int | None:
+        for j in range(index + 1, len(g.nodes)):  # only on the error path
+            if name in g.nodes[j].output:
+                return j
+        return None
+
+    def _required_present(self, n: NodeContext, entry: _Entry) -> bool:
+        inputs = n.node.input
+        count = len(inputs)
+        ok = True
+        for i in entry.required:
+            if i >= count or not inputs[i]:
+                p = entry.schema.inputs[i]
+                self.raise_or_record(n.error(
+                    "schema.required-input",
+                    f"input #{i} ({p.name}) of {entry.op}-{entry.version} is required but missing",
+                    subject=f"input {p.name}", expected="a value name", found="nothing"))
+                ok = False
+        if entry.variadic is not None:
+            start, least, pname = entry.variadic
+            given = sum(1 for x in inputs[start:] if x)
+            if given < least:
+                self.raise_or_record(n.error(
+                    "schema.required-input",
+                    f"variadic input {pname} (from #{start}) of {entry.op}-{entry.version} needs at least {least} "
+                    f"value{'s' if least != 1 else ''}",
+                    subject=f"input {pname}", expected=f"at least {least}", found=given))
+                ok = False
+        return ok
+
+    def _unknown_op(self, n: NodeContext, entry: _Entry) -> None:
+        op, domain, opset = entry.op, entry.domain, entry.opset
+        if domain == "":
+            first = _first_version(op)
+            if first is not None:
+                msg = f"{op} is not defined at ai.onnx opset {opset}: it first appears in opset {first}"
+            else:
+                msg = f"ai.onnx has no operator {op!r}"
+            self.raise_or_record(n.error("unknown-op", msg))
+        elif self.strict:
+            raise n.error("unknown-op", f"no rule, ONNX schema or model-local function for {domain}::{op} (opset {opset})")
+
+    # -- rules and the fallback
+    def _run_rule(self, rule, n: NodeContext) -> bool:
+        try:
+            rule(n.ctx, n)
+            return True
+        except InferenceError as e:
+            if self.strict:
+                raise
+            self.diagnostics.append(e)
+        except Exception as e:  # a bug in a rule must not take the whole pass down
+            err = n.error("internal", f"rule for {n.node.op_type} v{n.version} crashed: {type(e).__name__}: {one_line(e)}")
+            if self.strict:
+                raise err from e
+            self.diagnostics.append(err)
+        return False
+
     def _fallback(self, schema, n: NodeContext) -> str:
         """Type the node with onnx's inference; returns the node's source (see NodeRecord)."""
         node = n.node
+        scope = n.ctx
         types: dict[str, bytes] = {}
         data: dict[str, bytes] = {}
         all_typed = True
         for name in node.input:
             if not name or name in types:
                 continue
-            b = self._type_of(name)
+            b = self.name_type_bytes(scope, name)
             all_typed &= bool(b)
             types[name] = b
-            d = self._data_of(name)
-            if d is not None:
-                data[name] = d
+            info = scope.get(name)
+            if info is not None:
+                d = self.data_bytes(info)
+                if d is not None:
+                    data[name] = d
         if _has_subgraph(node):
-            self._add_outer_scope(node, types)
+            for name in _subgraph_references(node):
+                if name not in types and name in scope:
+                    types[name] = self.name_type_bytes(scope, name)
         try:
             out = schema._infer_node_outputs(node.SerializeToString(), types, data, {},
                                              self._onnx_opsets, self._ir_version)
         except Exception as e:
             if not all_typed:  # with an unknown input the failure is a consequence, not a finding
                 return SOURCE_UNKNOWN
-            self._raise_or_record(n.error(SOURCE_FALLBACK, f"onnx's inference rejects the node: {one_line(e)}"))
+            self.raise_or_record(n.error(SOURCE_FALLBACK, f"onnx's inference rejects the node: {one_line(e)}"))
             return SOURCE_FAILED
+        values = scope._values
         for name in node.output:
             if not name:
                 continue
             b = out.get(name)
             if not b:
-                self.ctx.set(name, TensorInfo())
+                values[name] = _UNKNOWN
                 continue
             tp = onnx.TypeProto.FromString(b)
             if tp.WhichOneof("value") not in (None, "tensor_type"):
-                self.result.other_types[name] = tp
-                self.ctx.set(name, TensorInfo())
-                self._type_bytes[name] = b
+                scope.other[name] = tp
+                values[name] = TensorInfo()
                 continue
-            self.ctx.set(name, self._from_type_proto(tp))
-            self._type_bytes[name] = b  # consumers pass onnx's own bytes back to it
+            info = self.from_type_proto(tp)
+            values[name] = info
+            self._intern(info, b)  # consumers pass onnx's own bytes back to it
         return SOURCE_FALLBACK
 
-    def _add_outer_scope(self, node: onnx.NodeProto, types: dict[str, bytes]) -> None:
-        # subgraphs may read values of this graph by name: give onnx their types too
-        for name in _subgraph_references(node):
-            if name not in types and name in self.ctx:
-                types[name] = self._type_of(name)
+    # -- serialized types and memo keys
+    def _intern(self, info: TensorInfo, tb: bytes | None = None) -> tuple:
+        """(info, key id, type bytes, content key id): a value's memo key is its type and, for
+        values a rule computed, their content; a constant from the model (initializer,
+        ``Constant``) is keyed by its type, and by its content only where a rule read it
+        (``_Dep``: the last item, filled in when first needed). A constant's type bytes are
+        encoded only when needed too."""
+        if type(info) is _Lazy:  # read straight from the proto: this runs once per initializer
+            d = info.__dict__
+            proto = d["_proto"]
+            k = (proto.data_type, tuple(proto.dims[:]))
+            d["_elem_type"], d["_shape"] = k
+        else:
+            if tb is None:
+                tb = self._encode_type(info)
+            v = info.value
+            k = (tb, None if v is None else _array_key(v))
+        kid = self._key_ids.get(k)
+        if kid is None:
+            kid = self._key_ids[k] = len(self._key_ids) + 1
+        rec = (info, kid, tb, None if type(info) is _Lazy else kid)
+        self._interned[id(info)] = rec
+        return rec
 
-    def _type_of(self, name: str) -> bytes:
-        b = self._type_bytes.get(name)
-        if b is None:
-            if name in self.result.other_types:
-                b = self.result.other_types[name].SerializeToString()
-            else:
-                info = self.ctx[name]
-                b = b""
-                if info.elem_type:
-                    tp = onnx.TypeProto()
-                    write_type(tp, info, self._texts)
-                    b = tp.SerializeToString()
-            self._type_bytes[name] = b
-        return b
+    def type_bytes(self, info: TensorInfo) -> bytes:
+        rec = self._interned.get(id(info))
+        if rec is None:
+            rec = self._intern(info)
+        if rec[2] is None:
+            rec = (rec[0], rec[1], self._encode_type(info), rec[3])
+            self._interned[id(info)] = rec
+        return rec[2]
 
-    def _data_of(self, name: str) -> bytes | None:
-        if name in self._data_bytes:
-            return self._data_bytes[name]
-        info = self.ctx[name]
+    def name_type_bytes(self, scope: _Scope, name: str) -> bytes:
+        tp = scope.other_type(name)
+        if tp is not None:
+            return tp.SerializeToString()
+        info = scope.get(name)
+        if info is None or not info.elem_type:
+            return b""
+        return self.type_bytes(info)
+
+    def _encode_type(self, info: TensorInfo) -> bytes:
+        """TypeProto bytes of ``info`` (tensor_type: elem_type, shape of dim_value/dim_param)."""
+        if not info.elem_type:
+            return b""
+        body = b"\x08" + _varint(info.elem_type)
+        shape = info.shape
+        if shape is not None:
+            dims_b = []
+            texts = self._texts
+            for d in shape:
+                if d is None:
+                    dims_b.append(b"\x0a\x00")
+                elif type(d) is int:
+                    if d < 0:
+                        return self._encode_slow(info)
+                    v = _varint(d)
+                    dims_b.append(b"\x0a" + _varint(len(v) + 1) + b"\x08" + v)
+                else:
+                    rec = texts.get(id(d))
+                    if rec is None:
+                        rec = texts[id(d)] = (d, d.text().encode())
+                    t = rec[1]
+                    inner = b"\x12" + _varint(len(t)) + t
+                    dims_b.append(b"\x0a" + _varint(len(inner)) + inner)
+            sb = b"".join(dims_b)
+            body += b"\x12" + _varint(len(sb)) + sb
+        return b"\x0a" + _varint(len(body)) + body
+
+    def _encode_slow(self, info: TensorInfo) -> bytes:
+        tp = onnx.TypeProto()
+        write_type(tp, info)
+        return tp.SerializeToString()
+
+    def data_bytes(self, info: TensorInfo) -> bytes | None:
+        """A small constant as TensorProto bytes (onnx's inference reads Reshape's shape ...)."""
+        rec = self._data_bytes.get(id(info))
+        if rec is not None:
+            if rec[1] is not None and type(info) is _Lazy:
+                _Lazy.log.append(info)  # onnx reads it: the node's result depends on it
+            return rec[1]
         b = None
-        # object arrays (symbolic entries, a rule's form) have no TensorProto form
-        if info.value is not None and info.value.dtype != object and info.value.size <= _DATA_MAX_ELEMENTS:
-            proto = self._initializer_protos.get(name)
-            try:
-                if proto is None:
-                    proto = numpy_helper.from_array(np.asarray(info.value), name)
-                b = proto.SerializeToString()
-            except Exception:  # a dtype numpy_helper cannot write: onnx gets no data
-                b = None
-        self._data_bytes[name] = b
+        if type(info) is _Lazy:
+            if not info.external and info.size <= _DATA_MAX_ELEMENTS:
+                b = info.__dict__["_proto"].SerializeToString()
+                _Lazy.log.append(info)
+        else:
+            v = info.value
+            # object arrays (symbolic entries, a rule's form) have no TensorProto form
+            if v is not None and v.dtype != object and v.size <= _DATA_MAX_ELEMENTS:
+                try:
+                    b = numpy_helper.from_array(np.asarray(v)).SerializeToString()
+                except Exception:  # a dtype numpy_helper cannot write: onnx gets no data
+                    b = None
+        self._data_bytes[id(info)] = (info, b)
         return b
 
-    def _from_type_proto(self, tp: onnx.TypeProto) -> TensorInfo:
+    def from_type_proto(self, tp: onnx.TypeProto) -> TensorInfo:
         """``TensorInfo.from_type_proto`` with dim_param texts parsed once per pass."""
         if not tp.HasField("tensor_type"):
             return TensorInfo()
@@ -554,15 +1222,17 @@ class _Pass:
         if not tt.HasField("shape"):
             return TensorInfo(tt.elem_type, None)
         shape = []
+        parsed = self._parsed
         for d in tt.shape.dim:
             which = d.WhichOneof("value")
             if which == "dim_value":
                 shape.append(int(d.dim_value))
             elif which == "dim_param":
                 text = d.dim_param
-                if text not in self._parsed:
-                    self._parsed[text] = dims.parse(text)
-                shape.append(self._parsed[text])
+                p = parsed.get(text)
+                if p is None and text not in parsed:
+                    p = parsed[text] = dims.parse(text)
+                shape.append(p)
             else:
                 shape.append(None)
         return TensorInfo(tt.elem_type, tuple(shape))
@@ -570,16 +1240,16 @@ class _Pass:
     # -- constants
     def _constant(self, n: NodeContext) -> bool:
         """Type (and value) of a Constant node; False to let onnx judge a malformed one."""
-        attrs = [a for a in n.node.attribute]
+        attrs = n.node.attribute
         if len(attrs) != 1 or len(n.node.output) != 1:
             return False
         a = attrs[0]
+        if a.type == onnx.AttributeProto.TENSOR and a.t.data_location == onnx.TensorProto.EXTERNAL:
+            check_external_location(a.t)
         info: TensorInfo
         try:
             if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
-                t = a.t
-                value = None if t.data_location == onnx.TensorProto.EXTERNAL else numpy_helper.to_array(t)
-                info = TensorInfo(int(t.data_type), tuple(int(d) for d in t.dims), value)
+                info = _Lazy(a.t, self.raise_or_record)
             elif a.name == "sparse_value" and a.type == onnx.AttributeProto.SPARSE_TENSOR:
                 info = TensorInfo(int(a.sparse_tensor.values.data_type), tuple(int(d) for d in a.sparse_tensor.dims))
             elif a.name == "value_float" and a.type == onnx.AttributeProto.FLOAT:
@@ -598,19 +1268,20 @@ class _Pass:
                 return False
         except Exception:  # unreadable tensor data: onnx's inference reports it
             return False
-        self.ctx.set(n.node.output[0], info)
+        n.ctx.set(n.node.output[0], info)
         return True
 
     def _fold(self, n: NodeContext) -> None:
         node = n.node
-        if node.op_type not in _FOLDERS or normalize_domain(node.domain) != "" or len(node.output) != 1:
+        if node.op_type not in _FOLDERS or _norm(node.domain) != "" or len(node.output) != 1:
             return
         out_name = node.output[0]
-        out = self.ctx.get(out_name)
+        values = n.ctx._values
+        out = values.get(out_name)
         if out is None or not out.elem_type or out.value is not None:
             return  # a rule that computed the value knows better (it may keep symbolic entries)
         try:
-            value = _FOLDERS[node.op_type](n, self.ctx)
+            value = _FOLDERS[node.op_type](n, n.ctx)
         except Exception:  # folding is best effort: whatever numpy refuses stays unfolded
             return
         if value is None or value.size > _FOLD_MAX_ELEMENTS:
@@ -620,33 +1291,105 @@ class _Pass:
                 return
         except Exception:
             return
-        self.ctx.set(out_name, TensorInfo(out.elem_type, tuple(int(s) for s in value.shape), value))
+        values[out_name] = TensorInfo(out.elem_type, tuple(int(s) for s in value.shape), value)
 
     # -- declared types
-    def _merge_declared(self, n: NodeContext, name: str, inferred: TensorInfo) -> None:
-        declared, is_output = self._declared[name]
+    def _merge_declared(self, g: _Graph, n: NodeContext, name: str, inferred: TensorInfo) -> None:
+        declared, is_output = g.declared[name]
         merged, conflict = merge_info(declared, inferred, prefer_declared_symbols=is_output)
         if conflict:
             kind = "graph output" if is_output else "value_info"
             err = n.error("output-type" if is_output else "value-info",
                           f"{kind} {name!r}: declared type contradicts the inferred one ({conflict})",
                           expected=_info_text(inferred), found=_info_text(declared))
-            self._raise_or_record(err)
+            self.raise_or_record(err)
             # the model's declared output type is its contract; a value_info is only a note
             merged = TensorInfo(declared.elem_type, declared.shape, inferred.value) if is_output else inferred
+        if is_output:
+            g.final_outputs[name] = merged
         if merged != inferred:
-            self.ctx.set(name, merged)
+            g.scope._values[name] = merged
+            g.scope.kids.pop(name, None)
             if not inferred.elem_type and merged.elem_type:
-                self.result.typed_by[name] = SOURCE_DECLARED
+                g.typed_by[name] = SOURCE_DECLARED
 
-    def _check_outputs_defined(self) -> None:
-        for vo in self.graph.output:
-            if vo.name not in self.ctx and vo.name not in self.result.other_types:
-                self._raise_or_record(InferenceError(
+    def _check_outputs_defined(self, g: _Graph) -> None:
+        for vo in g.proto.output:
+            if vo.name not in g.scope:
+                self.raise_or_record(InferenceError(
                     "graph-output", MODEL_NODE, f"graph output {vo.name!r} is not produced by any node, graph input or initializer"))
+
+    # -- bodies (used by inference.subgraphs and inference.functions)
+    def infer_body(self, proto: onnx.GraphProto, parent: _Graph, inputs: list[TensorInfo | None], *,
+                   label: str, attr: str, step: tuple | None, quiet: bool = False) -> _Graph:
+        """Infer a subgraph body that sees ``parent``'s values; ``step`` (node index,
+        attribute, graph index) records it for the write-back. A ``quiet`` body (a branch
+        that never runs) is typed but its problems are neither raised nor recorded."""
+        strict = self.strict and not quiet
+        scope = _Scope(parent.scope.opsets, strict, self.diagnostics, parent.scope)
+        where = f"{parent.where}/{label}/{attr}" if parent.where else f"{label}/{attr}"
+        g = _Graph(proto, scope, parent.dispatch, prefix=f"{parent.prefix}{label}/{attr}/", where=where)
+        mark = len(self.diagnostics)
+        saved, self.strict = self.strict, strict
+        try:
+            self.seed_body(g, inputs)
+            self.walk(g)
+        finally:
+            self.strict = saved
+            if quiet:
+                del self.diagnostics[mark:]
+        if step is not None:  # a later attempt (Loop state types widened) replaces an earlier one
+            parent.children[step] = g
+            self.result.subgraphs[(parent.where, step)] = g
+        return g
+
+    def body_outputs(self, g: _Graph) -> list[tuple[TensorInfo, onnx.TypeProto | None]]:
+        """Each body output's type: what the pass inferred, merged with the declaration."""
+        out = []
+        for vo in g.proto.output:
+            info = g.final_outputs.get(vo.name) or g.scope.get(vo.name) or _UNKNOWN
+            other = g.scope.other_type(vo.name)
+            out.append((info, other))
+        return out
 
 
 # ------------------------------------------------------------------ helpers
+def _required_inputs(schema) -> tuple[tuple, tuple | None]:
+    """Indices of single (non-optional) inputs, and (start, min count, name) of a variadic one."""
+    single = defs.OpSchema.FormalParameterOption.Single
+    variadic = defs.OpSchema.FormalParameterOption.Variadic
+    required, var = [], None
+    for i, p in enumerate(schema.inputs):
+        if p.option == single:
+            required.append(i)
+        elif p.option == variadic and p.min_arity > 0:
+            var = (i, int(p.min_arity), p.name)
+    return tuple(required), var
+
+
+_TYPED_FIELDS = {
+    onnx.TensorProto.FLOAT: "float_data", onnx.TensorProto.DOUBLE: "double_data", onnx.TensorProto.INT64: "int64_data",
+    onnx.TensorProto.UINT32: "uint64_data", onnx.TensorProto.UINT64: "uint64_data", onnx.TensorProto.STRING: "string_data",
+}
+
+
+def _proto_content(t: onnx.TensorProto) -> tuple | None:
+    """A TensorProto's data as a hashable key without decoding it (None: decode it)."""
+    raw = t.raw_data
+    if raw:
+        return ("raw", raw)
+    if t.data_type in (onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128):
+        return None
+    field_name = _TYPED_FIELDS.get(t.data_type, "int32_data")
+    return (field_name, tuple(getattr(t, field_name)[:]))
+
+
+def _array_key(v: np.ndarray) -> tuple:
+    if v.dtype == object:
+        return ("O", v.shape, tuple(v.reshape(-1).tolist()))
+    return (v.dtype.str, v.shape, v.tobytes())
+
+
 @lru_cache(maxsize=None)
 def _first_version(op_type: str) -> int | None:
     """The first ai.onnx opset defining ``op_type`` (None if ONNX has no such op)."""
@@ -716,7 +1459,7 @@ def _bind(d: DimLike, bindings: dict[str, int]) -> DimLike:
 
 
 def _has_subgraph(node: onnx.NodeProto) -> bool:
-    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+    return any(a.type in _GRAPH_ATTRS for a in node.attribute)
 
 
 def _subgraph_references(node: onnx.NodeProto) -> set[str]:
@@ -733,6 +1476,17 @@ def _subgraph_references(node: onnx.NodeProto) -> set[str]:
     return names
 
 
+_IDENT = re.compile(r"\W")
+
+
+def symbol_for(base: str, suffix: str) -> dims.Dim:
+    """A fresh symbolic dim named after a value (``loop_out`` + ``dim1`` -> ``loop_out_dim1``)."""
+    text = _IDENT.sub("_", base) or "value"
+    if text[0].isdigit():
+        text = "v_" + text
+    return dims.Dim.symbol(f"{text}_{suffix}")
+
+
 # ------------------------------------------------------------------ folding
 # Each folder returns the output's value or None; inputs must all carry values (except Shape).
 def _values(n: NodeContext, ctx: ShapesContext) -> list[np.ndarray | None] | None:
@@ -741,7 +1495,10 @@ def _values(n: NodeContext, ctx: ShapesContext) -> list[np.ndarray | None] | Non
         if not name:
             out.append(None)
             continue
-        v = ctx[name].value
+        info = ctx[name]
+        if type(info) is _Lazy and info.size > _FOLD_MAX_ELEMENTS:
+            return None  # folding is for small shape arithmetic: never read a weight
+        v = info.value
         if v is None or v.size > _FOLD_MAX_ELEMENTS:
             return None
         out.append(v)

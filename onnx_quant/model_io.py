@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 from typing import Union
 
 import onnx
@@ -24,12 +24,19 @@ def load_model(source: ModelSource, *, load_external_data: bool = False) -> onnx
     line naming the input) for a missing path, a directory, an empty file, a file that is not
     an ONNX protobuf (text, truncated), or a model without a graph or opset imports.
     A ``ModelProto`` is returned as is (not copied) once it passes the same checks.
+
+    External data is never read unless ``load_external_data``; either way a tensor whose
+    external ``location`` escapes the model's folder (an absolute path, or ``..`` leading
+    out) is refused (``ModelLoadError`` naming the tensor): see :func:`check_external_data`.
     """
     if isinstance(source, onnx.ModelProto):
         _check_parsed(source, "<ModelProto>")
+        check_external_data(source, "<ModelProto>")
         return source
     if isinstance(source, (bytes, bytearray, memoryview)):
-        return _parse(bytes(source), "<bytes>")
+        model = _parse(bytes(source), "<bytes>")
+        check_external_data(model, "<bytes>")
+        return model
     if not isinstance(source, (str, os.PathLike)):
         raise ModelLoadError(f"cannot load a model from a {type(source).__name__}: expected a path, bytes or onnx.ModelProto")
     if isinstance(source, str) and source == EXAMPLE_NAME:
@@ -47,12 +54,51 @@ def load_model(source: ModelSource, *, load_external_data: bool = False) -> onnx
     except OSError as e:
         raise ModelLoadError(f"{label}: cannot read: {e.strerror or e}") from None
     model = _parse(data, label)
+    check_external_data(model, label)
     if load_external_data:
         try:
             onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
         except (OSError, ValueError, onnx.checker.ValidationError) as e:
             raise ModelLoadError(f"{label}: cannot load external data: {_first_line(e)}") from None
     return model
+
+
+def check_external_data(model: onnx.ModelProto, label: str = "<model>") -> None:
+    """Refuse initializers whose external data would be read from outside the model's folder.
+
+    Only the main graph's initializers are scanned here (cheap: one field per tensor); the
+    inference pass applies :func:`check_external_location` to the tensors it meets inside
+    subgraphs and ``Constant`` nodes."""
+    for t in model.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            check_external_location(t, label)
+    for st in model.graph.sparse_initializer:
+        for t in (st.values, st.indices):
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                check_external_location(t, label)
+
+
+def check_external_location(tensor: onnx.TensorProto, label: str = "<model>") -> None:
+    """``ModelLoadError`` unless ``tensor``'s external ``location`` is a relative path that
+    stays inside the model's folder."""
+    entries = {e.key: e.value for e in tensor.external_data}
+    location = entries.get("location")
+    what = f"{label}: external data of tensor {tensor.name!r}"
+    if not location:
+        raise ModelLoadError(f"{what} has no location: expected a file name relative to the model, found none")
+    unified = location.replace("\\", "/")
+    if unified.startswith("/") or PureWindowsPath(location).drive or PureWindowsPath(location).root:
+        raise ModelLoadError(f"{what} points outside the model's folder: expected a relative path, "
+                             f"found the absolute path {location!r}")
+    depth = 0
+    for part in unified.split("/"):
+        if part == "..":
+            depth -= 1
+            if depth < 0:
+                raise ModelLoadError(f"{what} points outside the model's folder: expected a path inside it, "
+                                     f"found {location!r}")
+        elif part not in ("", "."):
+            depth += 1
 
 
 def _parse(data: bytes, label: str) -> onnx.ModelProto:

@@ -564,3 +564,67 @@ def test_every_onnx_node_case_agrees_with_onnx_and_checks_clean(onnx_node_cases,
             problems += [f"{case.name}: check: {d}" for d in inference.check_model(case.model)]
     assert not problems, "\n".join(problems[:30])
     assert len(onnx_node_cases) > 1000
+
+
+# ------------------------------------------------------------------ required inputs
+@pytest.mark.parametrize("op,inputs,missing,attrs", [
+    ("MatMul", ["x", ""], "B", {}),
+    ("MatMul", ["x"], "B", {}),
+    ("Mul", ["", "x"], "A", {}),
+    ("Relu", [""], "X", {}),
+    ("Reshape", ["x", ""], "shape", {}),
+    ("GlobalAveragePool", [""], "X", {}),
+    ("Cast", [""], "input", {"to": TensorProto.INT8}),
+    ("QuantizeLinear", ["x", ""], "y_scale", {}),
+    ("QLinearMatMul", ["x", "", "", "x", "", "", "", ""], "a_scale", {}),
+    ("DequantizeLinear", [""], "x", {}),
+])
+def test_missing_required_input_is_one_clear_diagnostic(op, inputs, missing, attrs):
+    nodes = [helper.make_node(op, inputs, ["y"], name="n", **attrs), helper.make_node("Identity", ["y"], ["z"])]
+    model = make_model(nodes, [vi("x", F, [2, 2])], [vi("z", F, None)])
+    result = inference.infer(model)
+    found = result.diagnostics
+    assert found and {d.rule for d in found} == {"schema.required-input"}, [str(d) for d in found]  # no "internal", no rule's own
+    assert all(d.node == f"'n' ({op})" for d in found)
+    assert any(f"input {missing}" in d.message and "expected a value name, found nothing" in d.message for d in found)
+    assert result.nodes[0].source == "failed" and result.ctx["y"] == TensorInfo()
+    with pytest.raises(InferenceError) as e:
+        inference.infer(model, strict=True)
+    assert str(e.value).startswith(f"schema.required-input: node 'n' ({op}): input ")
+
+
+def test_variadic_input_needs_its_minimum():
+    model = make_model([helper.make_node("Concat", [], ["y"], axis=0, name="cat")], [vi("x", F, [2])], [vi("y", F, None)])
+    [d] = inference.infer(model).diagnostics
+    assert (d.rule, d.node) == ("schema.required-input", "'cat' (Concat)")
+    assert "expected at least 1, found 0" in d.message
+
+
+def test_optional_inputs_left_out_are_fine():
+    nodes = [helper.make_node("Clip", ["x", "", "hi"], ["y"]), helper.make_node("DequantizeLinear", ["q", "s"], ["d"])]
+    model = make_model(nodes, [vi("x", F, [2]), vi("hi", F, []), vi("q", TensorProto.INT8, [3]), vi("s", F, [])],
+                       [vi("y", F, None), vi("d", F, None)])
+    result = inference.infer(model, strict=True)
+    assert result.ctx["y"] == TensorInfo(F, (2,)) and result.ctx["d"] == TensorInfo(F, (3,))
+
+
+# ------------------------------------------------------------------ the memo
+@pytest.mark.parametrize("rules", ["with-rules", "fallback-only"])
+def test_repeated_nodes_are_memoized_but_constants_read_by_rules_are_not_shared(rules, monkeypatch):
+    if rules == "fallback-only":
+        monkeypatch.setattr(engine.registry, "lookup", lambda *a, **k: None)
+    # two Reshapes with the same input type but different constant targets must not share a result
+    inits = [numpy_helper.from_array(np.array([3, 4], np.int64), "s1"),
+             numpy_helper.from_array(np.array([4, 3], np.int64), "s2"),
+             numpy_helper.from_array(np.array([2, 6], np.int64), "s3")]
+    nodes = [helper.make_node("Reshape", ["x", "s1"], ["a"]), helper.make_node("Reshape", ["x", "s2"], ["b"]),
+             helper.make_node("Reshape", ["x", "s3"], ["c"]), helper.make_node("Reshape", ["x", "s1"], ["d"])]
+    model = make_model(nodes, [vi("x", F, [12])], [vi(o, F, None) for o in "abcd"], inits)
+    values = inference.infer_values(model, strict=True)
+    assert [values[o].shape for o in "abcd"] == [(3, 4), (4, 3), (2, 6), (3, 4)]
+
+
+def test_memo_does_not_hide_diagnostics_of_repeated_nodes():
+    nodes = [helper.make_node("Add", ["x", "i"], [f"y{k}"], name=f"bad{k}") for k in range(3)]
+    model = make_model(nodes, [vi("x", F, [2]), vi("i", I64, [2])], [vi(f"y{k}", F, [None]) for k in range(3)])
+    assert [d.node for d in inference.infer(model).diagnostics] == ["'bad0' (Add)", "'bad1' (Add)", "'bad2' (Add)"]
