@@ -57,9 +57,10 @@ from onnx_quant.model_io import EXAMPLE_NAME, ModelSource, check_external_locati
 _DATA_MAX_ELEMENTS = 64
 #: Folded constants stay below this size: shape arithmetic, not constant folding.
 _FOLD_MAX_ELEMENTS = 1024
-#: An initializer or Constant of at most this many elements is part of a node's memo key by
-#: content; a rule reading a bigger one is not memoized for that node.
-_KEY_MAX_ELEMENTS = 64
+#: A constant of at most this many elements that a rule reads is part of the node's memo key
+#: by content (zero points, scales, biases, shapes); a node whose rule reads a bigger one (a
+#: weight) is not memoized.
+_KEY_MAX_ELEMENTS = 1024
 
 # How a value was typed, as ``InferenceResult.typed_by`` and the CLI name it.
 SOURCE_INPUT = "input"
@@ -408,7 +409,7 @@ class _Lazy(TensorInfo):
         proto = d["_proto"]
         if proto.data_location != onnx.TensorProto.EXTERNAL:
             try:
-                v = numpy_helper.to_array(proto)
+                v = _to_array(proto)
             except Exception as e:  # malformed data (wrong raw_data length, unknown type)
                 if d["_report"] is not None:
                     d["_report"](InferenceError(
@@ -448,24 +449,39 @@ class _Dep:
 
     __slots__ = ("indices",)
 
-    def __init__(self, indices: frozenset) -> None:
+    def __init__(self, indices: frozenset | None) -> None:
         self.indices = indices
 
 
+#: Memo marker: the rule read a big constant (a weight): nodes of this key are not memoized.
+_NEVER = _Dep(None)
+
+
 # ------------------------------------------------------------------ scopes and graphs
+_TensorProto = onnx.TensorProto
+
+
 class _Scope(ShapesContext):
     """A graph's values. A body's scope reads through to the enclosing graphs' values
-    (outer-scope references); writes stay local."""
+    (outer-scope references); writes stay local.
+
+    The main graph's initializers are stored as their ``TensorProto`` until something reads
+    them (a ``_Lazy`` is made then): on the memo's hit path only their key ids are needed."""
 
     def __init__(self, opsets: dict[str, int], strict: bool, diagnostics: list,
-                 parent: "_Scope | None" = None) -> None:
+                 parent: "_Scope | None" = None, report=None) -> None:
         self.opsets = opsets
         self.strict = strict
         self._values: dict[str, TensorInfo] = {}
         self.diagnostics = diagnostics
         self.parent = parent
+        self.report = report
         self.other: dict[str, onnx.TypeProto] = {}  # non-tensor types (sequence, optional, map)
-        self.kids: dict[str, int] = {}  # name -> memo key id of its current value (a cache)
+        self.kids: dict[str, int] = {"": 0}  # name -> memo key id of its current value (a cache); "": absent
+
+    def _materialize(self, name: str, proto: onnx.TensorProto) -> TensorInfo:
+        info = self._values[name] = _Lazy(proto, self.report)
+        return info
 
     def __contains__(self, name: str) -> bool:
         s = self
@@ -480,7 +496,7 @@ class _Scope(ShapesContext):
         while s is not None:
             v = s._values.get(name)
             if v is not None:
-                return v
+                return s._materialize(name, v) if type(v) is _TensorProto else v
             s = s.parent
         return TensorInfo()
 
@@ -489,7 +505,7 @@ class _Scope(ShapesContext):
         while s is not None:
             v = s._values.get(name)
             if v is not None:
-                return v
+                return s._materialize(name, v) if type(v) is _TensorProto else v
             s = s.parent
         return None
 
@@ -502,7 +518,17 @@ class _Scope(ShapesContext):
         return None
 
     def local_items(self):
-        return self._values.items()
+        values = self._values
+        for name, v in list(values.items()):
+            if type(v) is _TensorProto:
+                self._materialize(name, v)
+        return values.items()
+
+    def items(self):
+        return iter(self.local_items())
+
+    def names(self) -> list[str]:
+        return list(self._values)
 
 
 class _Graph:
@@ -524,7 +550,7 @@ class _Graph:
         self.children: dict[tuple, "_Graph"] = {}
         self.final_outputs: dict[str, TensorInfo] = {}
         self.initializer_names: set | None = None
-        self.get = scope._values.get if scope.parent is None else scope.get
+        self.get = scope.get
 
 
 class _NodeCtx(NodeContext):
@@ -588,7 +614,7 @@ class _Pass:
             opsets[""] = 1
         self.opsets = opsets
         self.diagnostics: list = []
-        scope = _Scope(opsets, strict, self.diagnostics)
+        scope = _Scope(opsets, strict, self.diagnostics, report=self.raise_or_record)
         self.ctx = scope
         self.result = InferenceResult(scope)
         self.result.owner = self  # type: ignore[attr-defined]
@@ -646,21 +672,19 @@ class _Pass:
             if memo is None:  # constants, control flow, functions, unknown ops: never memoized
                 slow(g, index, node, entry, None)
                 continue
-            key: list | None = []
-            for name in node.input[:]:
-                if name:
-                    kid = kids_get(name)
-                    if kid is None:
+            inputs = node.input[:]
+            key: list | None = list(map(kids_get, inputs))  # kids[""] is 0: an absent optional input
+            if None in key:
+                for i, name in enumerate(inputs):
+                    if key[i] is None:
                         kid = kid_of(g, name)
                         if kid is None:  # not defined (yet): reported on the slow path
                             key = None
                             break
-                    key.append(kid)
-                else:
-                    key.append(0)
-            if key is None:
-                slow(g, index, node, entry, None)
-                continue
+                        key[i] = kid
+                if key is None:
+                    slow(g, index, node, entry, None)
+                    continue
             attrs = node.attribute
             if len(attrs):
                 for a in attrs:
@@ -679,6 +703,9 @@ class _Pass:
             key = tuple(key)
             cached = memo.get(key)
             if cached is not None and type(cached) is _Dep:  # the rule read constants: key them by content
+                if cached is _NEVER:  # ... big ones: not memoized at all
+                    slow(g, index, node, entry, None)
+                    continue
                 cached = memo.get(self._content_key(g, node, key, cached.indices))
             if cached is None:
                 slow(g, index, node, entry, key)
@@ -724,14 +751,14 @@ class _Pass:
         typed_by = g.typed_by
         report = self.raise_or_record
         input_names = {v.name for v in graph.input}
-        inits = graph.initializer
-        names = [t.name for t in inits]
-        values.update(zip(names, map(_Lazy, inits, repeat(report))))
-        typed_by.update(dict.fromkeys(names, SOURCE_INITIALIZER))
+        names = self._seed_initializers(g, graph.initializer, report)
         for name in input_names.intersection(names):  # only a default the caller may override: not a constant
-            info = values[name]
+            info = g.scope[name]
             values[name] = TensorInfo(info.elem_type, info.shape)
         g.initializer_names = set(names)
+        kids = g.scope.kids
+        for name in input_names:
+            kids.pop(name, None)
         for st in graph.sparse_initializer:
             name = st.values.name
             values[name] = TensorInfo(int(st.values.data_type), tuple(int(d) for d in st.dims))
@@ -750,6 +777,25 @@ class _Pass:
         if input_shapes:
             self._override_inputs(g, input_shapes, input_names)
         self.seed_declared(g)
+
+    def _seed_initializers(self, g: _Graph, inits, report) -> list[str]:
+        """Each initializer's memo key id (its type and shape: one read of the proto each, the
+        hottest loop of big models); the value stays the proto until something reads it."""
+        values, kids, key_ids = g.scope._values, g.scope.kids, self._key_ids
+        names = []
+        append = names.append
+        for t in inits:
+            name = t.name
+            dims = t.dims
+            k = (t.data_type, tuple(dims[:]) if len(dims) else ())
+            kid = key_ids.get(k)
+            if kid is None:
+                kid = key_ids[k] = len(key_ids) + 1
+            kids[name] = kid
+            values[name] = t
+            append(name)
+        g.typed_by.update(dict.fromkeys(names, SOURCE_INITIALIZER))
+        return names
 
     def seed_declared(self, g: _Graph) -> None:
         graph = g.proto
@@ -811,7 +857,7 @@ class _Pass:
         if not bindings:
             return
         for name in input_names - set(input_shapes):
-            info = values.get(name)
+            info = g.scope.get(name)
             if info is None or info.shape is None or g.typed_by.get(name) != SOURCE_INPUT:
                 continue
             bound = tuple(_bind(d, bindings) for d in info.shape)
@@ -910,9 +956,11 @@ class _Pass:
     def _slow_node(self, g: _Graph, index: int, node, entry: _Entry, key: tuple | None) -> None:
         n = self.node_ctx(g, index, node, entry)
         scope = g.scope
-        self._check_inputs_defined(g, n)
+        if key is None:  # with a key every input was found already
+            self._check_inputs_defined(g, n)
+        contains = scope._values.__contains__ if scope.parent is None else scope.__contains__
         for name in node.output:
-            if name and name in scope:
+            if name and contains(name):
                 self._redefined(g, index, node, name)
         kind = entry.kind
         diag_mark = len(self.diagnostics)
@@ -951,8 +999,8 @@ class _Pass:
         if ok:
             self._fold(n)
         values = scope._values
-        described = _describe(source, entry.domain, entry.op, entry.version) if source != SOURCE_UNKNOWN \
-            else SOURCE_UNKNOWN
+        described = entry.described if source == entry.source else \
+            _describe(source, entry.domain, entry.op, entry.version) if source != SOURCE_UNKNOWN else SOURCE_UNKNOWN
         outs = []
         kids = scope.kids
         interned = self._interned
@@ -986,6 +1034,10 @@ class _Pass:
             if memo.get(key) is None:
                 memo[key] = outs
             return
+        for x in reads:
+            if x.size > _KEY_MAX_ELEMENTS:  # a weight: keyed by identity it would never hit again
+                memo[key] = _NEVER
+                return
         read = {id(x) for x in reads}
         get = g.get
         indices = {i for i, name in enumerate(node.input) if name and id(get(name)) in read}
@@ -1123,11 +1175,8 @@ class _Pass:
         ``Constant``) is keyed by its type, and by its content only where a rule read it
         (``_Dep``: the last item, filled in when first needed). A constant's type bytes are
         encoded only when needed too."""
-        if type(info) is _Lazy:  # read straight from the proto: this runs once per initializer
-            d = info.__dict__
-            proto = d["_proto"]
-            k = (proto.data_type, tuple(proto.dims[:]))
-            d["_elem_type"], d["_shape"] = k
+        if type(info) is _Lazy:  # (type, shape): the key _seed_initializers gives
+            k = (info.elem_type, info.shape)
         else:
             if tb is None:
                 tb = self._encode_type(info)
@@ -1367,6 +1416,28 @@ def _required_inputs(schema) -> tuple[tuple, tuple | None]:
     return tuple(required), var
 
 
+_RAW_DTYPES = {
+    t: np.dtype(helper.tensor_dtype_to_np_dtype(t)).newbyteorder("<")
+    for t in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.INT8,
+              onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT16, onnx.TensorProto.INT32,
+              onnx.TensorProto.UINT32, onnx.TensorProto.INT64, onnx.TensorProto.UINT64, onnx.TensorProto.BOOL)
+}
+
+
+def _to_array(t: onnx.TensorProto) -> np.ndarray:
+    """``numpy_helper.to_array``, with a fast path for raw data of plain numeric types."""
+    raw = t.raw_data
+    dtype = _RAW_DTYPES.get(t.data_type)
+    if raw and dtype is not None and not t.HasField("segment"):
+        shape = tuple(t.dims)
+        numel = 1
+        for d in shape:
+            numel *= d
+        if len(raw) == numel * dtype.itemsize:
+            return np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("="), copy=True).reshape(shape)
+    return numpy_helper.to_array(t)
+
+
 _TYPED_FIELDS = {
     onnx.TensorProto.FLOAT: "float_data", onnx.TensorProto.DOUBLE: "double_data", onnx.TensorProto.INT64: "int64_data",
     onnx.TensorProto.UINT32: "uint64_data", onnx.TensorProto.UINT64: "uint64_data", onnx.TensorProto.STRING: "string_data",
@@ -1490,16 +1561,21 @@ def symbol_for(base: str, suffix: str) -> dims.Dim:
 # ------------------------------------------------------------------ folding
 # Each folder returns the output's value or None; inputs must all carry values (except Shape).
 def _values(n: NodeContext, ctx: ShapesContext) -> list[np.ndarray | None] | None:
-    out = []
-    for name in n.node.input:
-        if not name:
-            out.append(None)
+    infos = [ctx[name] if name else None for name in n.node.input]
+    # first make sure every input has a (small) value, then read them: a constant is read
+    # only when the fold can happen (the memo notes every read)
+    for info in infos:
+        if info is None:
             continue
-        info = ctx[name]
-        if type(info) is _Lazy and info.size > _FOLD_MAX_ELEMENTS:
-            return None  # folding is for small shape arithmetic: never read a weight
-        v = info.value
-        if v is None or v.size > _FOLD_MAX_ELEMENTS:
+        if type(info) is _Lazy:
+            if info.size > _FOLD_MAX_ELEMENTS or info.external:
+                return None  # folding is for small shape arithmetic: never read a weight
+        elif info.value is None:
+            return None
+    out = []
+    for info in infos:
+        v = None if info is None else info.value
+        if info is not None and (v is None or v.size > _FOLD_MAX_ELEMENTS):
             return None
         out.append(v)
     return out

@@ -430,6 +430,25 @@ def _toposort(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.Nod
     return order
 
 
+_TEMPLATES: dict[tuple, onnx.ModelProto] = {}
+
+
+def sized(family: str, fmt: str, nodes: int, *, per_channel: bool = False, **kw) -> onnx.ModelProto:
+    """A quantized model of about ``nodes`` nodes: the three-block quantized model (built once
+    per process and arguments) stamped out to as many blocks as it takes (:func:`repeat`)."""
+    key = (family, fmt, per_channel, tuple(sorted(kw.items())))
+    template = _TEMPLATES.get(key)
+    if template is None:
+        arg = BLOCKS_ARG[family]
+        template = _TEMPLATES[key] = quantize(BUILDERS[family](**{**kw, arg: 3}), fmt, per_channel=per_channel,
+                                              bindings=CALIBRATION_DIMS[family])
+    four = len(repeat(template, 4).graph.node)
+    per_block = four - len(template.graph.node)
+    base = len(template.graph.node) - 3 * per_block
+    blocks = max(3, round((nodes - base) / per_block))
+    return template if blocks == 3 else repeat(template, blocks)
+
+
 def with_nodes(family: str, target: int) -> dict:
     """Builder arguments giving a *float* model of about ``target`` nodes (blocks repeated)."""
     if family == "cnn":

@@ -1,0 +1,198 @@
+"""Whole-model shape inference: onnx-quant against onnx's C++ pass and onnxruntime's
+symbolic shape inference, on quantized models of about 1k to 8k nodes.
+
+    python benchmarks/bench_inference.py [--sizes 1000,2000,4000,8000] [--repeat 5]
+                                         [--models cnn-qdq,mlp-dynamic,...] [--json]
+
+Models come from ``onnx_quant.model_zoo``: float models with a symbolic batch (and H, W for
+the CNN) quantized by ``onnxruntime.quantization`` with three blocks, then stamped out to
+the size (``model_zoo.sized``). Every tool gets the same ``ModelProto`` (without
+``value_info``) and returns a model with the values typed; each is timed in one process,
+interleaved, median of ``--repeat`` runs (onnxruntime's, the slowest, ``--ort-repeat``).
+onnxruntime's pass may fail (it needs every op to be known and every dim resolvable): the
+failure is recorded in the table.
+
+The "typed" columns count node outputs given an element type and a shape of known rank
+whose dims are all known or symbolic (onnx and onnxruntime answer unknown dims with fresh
+``unk__`` symbols; those count as typed too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import logging
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import onnx  # noqa: E402
+import onnxruntime  # noqa: E402
+
+import inference  # noqa: E402
+from onnx_quant import model_zoo  # noqa: E402
+
+#: name -> (family, format, per_channel, builder arguments): realistic widths, small enough
+#: that the 8k-node models stay a few tens of MB
+MODELS = {
+    "cnn-qdq": ("cnn", "qdq", True, {"channels": 64}),
+    "cnn-qoperator": ("cnn", "qoperator", False, {"channels": 64}),
+    "mlp-dynamic": ("mlp", "dynamic", False, {"features": 256, "hidden": 256}),
+    "transformer-qdq": ("transformer", "qdq", True, {"d_model": 256, "heads": 4, "ffn": 1024}),  # BERT-mini widths
+}
+
+
+def ours(model: onnx.ModelProto) -> onnx.ModelProto:
+    return inference.infer_shapes(model)
+
+
+def onnx_cpp(model: onnx.ModelProto) -> onnx.ModelProto:
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def ort_symbolic(model: onnx.ModelProto) -> onnx.ModelProto:
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    out = SymbolicShapeInference.infer_shapes(model)
+    if out is None:
+        raise RuntimeError("returned no model")
+    return out
+
+
+def typed(model: onnx.ModelProto, names: set[str]) -> int:
+    """Node outputs with an element type and a shape of known rank, every dim a value or a name."""
+    found = set()
+    for v in list(model.graph.value_info) + list(model.graph.output):
+        if v.name not in names or not v.type.HasField("tensor_type"):
+            continue
+        tt = v.type.tensor_type
+        if tt.elem_type and tt.HasField("shape") and all(d.HasField("dim_value") or d.HasField("dim_param") for d in tt.shape.dim):
+            found.add(v.name)
+    return len(found)
+
+
+def timed(fn, model, repeat: int):
+    """(median seconds, result model) or (None, error text)."""
+    times, out = [], None
+    for _ in range(repeat):
+        gc.collect()
+        t = time.perf_counter()
+        try:
+            out = fn(model)
+        except Exception as e:  # onnxruntime's pass gives up on some models: that is a result
+            return None, f"{type(e).__name__}: {' '.join(str(e).split())[:80]}"
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), out
+
+
+def measure(name: str, nodes: int, repeat: int, ort_repeat: int) -> dict:
+    family, fmt, per_channel, kw = MODELS[name]
+    model = model_zoo.sized(family, fmt, nodes, per_channel=per_channel, **kw)
+    outputs = {o for n in model.graph.node for o in n.output if o}
+    row = {"model": name, "nodes": len(model.graph.node), "values": len(outputs),
+           "bytes": model.ByteSize()}
+    ours(model), onnx_cpp(model)  # warm up (imports, schema caches)
+    results = {}
+    # interleave our runs with onnx's so that a busy machine slows both alike
+    ours_t, onnx_t = [], []
+    for _ in range(repeat):
+        t, out = timed(ours, model, 1)
+        ours_t.append(t)
+        results["ours"] = out
+        t, out = timed(onnx_cpp, model, 1)
+        onnx_t.append(t)
+        results["onnx"] = out
+    row["ours_s"], row["onnx_s"] = statistics.median(ours_t), statistics.median(onnx_t)
+    t, out = timed(ort_symbolic, model, ort_repeat)
+    row["ort_s"] = t
+    if t is None:
+        row["ort_error"] = out
+    else:
+        results["ort"] = out
+    for tool in ("ours", "onnx", "ort"):
+        row[f"{tool}_typed"] = typed(results[tool], outputs) if tool in results else None
+    return row
+
+
+def fmt_ms(s: float | None) -> str:
+    return "fails" if s is None else f"{s * 1e3:.1f}"
+
+
+def table(rows: list[dict]) -> list[str]:
+    head = ("| model | nodes | ours ms | onnx ms | onnxruntime ms | ours/onnx | ours/onnxruntime | ours µs/node "
+            "| typed: ours / onnx / onnxruntime (of) |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        ort_ratio = "—" if r["ort_s"] is None else f"{r['ours_s'] / r['ort_s']:.3f}"
+        ort_typed = "—" if r["ort_typed"] is None else str(r["ort_typed"])
+        lines.append(
+            f"| {r['model']} | {r['nodes']} | {fmt_ms(r['ours_s'])} | {fmt_ms(r['onnx_s'])} | "
+            f"{fmt_ms(r['ort_s'])}{' (' + r['ort_error'] + ')' if r.get('ort_error') else ''} | "
+            f"{r['ours_s'] / r['onnx_s']:.2f} | {ort_ratio} | {r['ours_s'] / r['nodes'] * 1e6:.1f} | "
+            f"{r['ours_typed']} / {r['onnx_typed']} / {ort_typed} ({r['values']}) |")
+    return lines
+
+
+def growth(rows: list[dict]) -> list[str]:
+    """Per model: time per node at the largest size over time per node at the smallest."""
+    out = []
+    for name in dict.fromkeys(r["model"] for r in rows):
+        mine = [r for r in rows if r["model"] == name]
+        if len(mine) < 2:
+            continue
+        a, b = mine[0], mine[-1]
+        per = lambda r: r["ours_s"] / r["nodes"]  # noqa: E731
+        out.append(f"{name}: µs/node {per(a) * 1e6:.1f} at {a['nodes']} nodes, {per(b) * 1e6:.1f} at {b['nodes']} "
+                   f"(x{per(b) / per(a):.2f} for x{b['nodes'] / a['nodes']:.1f} nodes)")
+    return out
+
+
+def machine() -> str:
+    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+            f"onnx {onnx.__version__}, onnxruntime {onnxruntime.__version__}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="1000,2000,4000,8000", help="comma-separated node counts")
+    p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
+    p.add_argument("--repeat", type=int, default=5, help="runs of ours and onnx's per model (median)")
+    p.add_argument("--ort-repeat", type=int, default=3, help="runs of onnxruntime's per model (median)")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    args = p.parse_args(argv)
+    logging.getLogger().setLevel(logging.ERROR)  # the quantizer suggests pre-processing, per model
+    logging.getLogger("onnxruntime").setLevel(logging.CRITICAL)
+    try:
+        sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+        names = [m.strip() for m in args.models.split(",") if m.strip()]
+        unknown = [m for m in names if m not in MODELS]
+        if unknown or not sizes or any(s <= 0 for s in sizes):
+            raise ValueError(f"unknown model {unknown[0]!r}" if unknown else "sizes must be positive ints")
+    except ValueError as e:
+        print(f"bench_inference: error: {e}", file=sys.stderr)
+        return 2
+    rows = []
+    for name in names:
+        for size in sizes:
+            row = measure(name, size, args.repeat, args.ort_repeat)
+            rows.append(row)
+            if not args.json:
+                print(f"  measured {name} at {row['nodes']} nodes", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"date": datetime.date.today().isoformat(), "machine": machine(), "rows": rows}, indent=1))
+        return 0
+    print(f"date {datetime.date.today().isoformat()}; {machine()}")
+    for line in table(rows) + [""] + growth(rows):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
