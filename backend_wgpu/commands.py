@@ -1,4 +1,4 @@
-"""The GPU subcommands of ``onnx-quant``: devices, explain, run, bench (conformance, demo later).
+"""The GPU subcommands of ``onnx-quant``: devices, explain, run, bench, conformance, demo.
 
 Each ``cmd_*`` takes the parsed arguments and returns an exit code; errors are raised as
 ``QuantError`` subclasses and turned into one line by ``onnx_quant.cli``.
@@ -192,45 +192,114 @@ def _random_input(name: str, elem_type: int, dims: Sequence[Any], rng: np.random
 
 
 def _load_feeds(session, inputs: Sequence[str], random: bool, seed: int = 0) -> dict[str, np.ndarray]:
+    """Feeds from ``--input NAME=FILE.npy`` items, the rest random with ``--random``; an input
+    left without a value, or a file that is not an input of the model, is one clear error."""
+    from onnx_quant.dtypes import type_name  # noqa: PLC0415
+
     feeds: dict[str, np.ndarray] = {}
+    known = [a.name for a in session.get_inputs()]
     for item in inputs or ():
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
             raise ExecutionError(f"--input {item!r}: expected NAME=FILE.npy")
+        if name not in known:
+            raise ExecutionError(f"--input {name}: the model has no input {name!r} (inputs: {', '.join(known)})")
         try:
             feeds[name] = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as e:
             raise ExecutionError(f"--input {name}: cannot read {path}: {e}") from None
     rng = np.random.default_rng(seed)
     for arg in session.get_inputs():
-        if arg.name not in feeds and random:
-            feeds[arg.name] = _random_input(arg.name, arg.elem_type, arg.shape, rng)
+        if arg.name in feeds:
+            continue
+        if not random:
+            raise ExecutionError(f"input {arg.name!r} ({type_name(arg.elem_type)} {arg.shape}) is missing: "
+                                 f"give --input {arg.name}=FILE.npy or --random")
+        feeds[arg.name] = _random_input(arg.name, arg.elem_type, arg.shape, rng)
     return feeds
 
 
 def _summary(a: np.ndarray) -> str:
+    """min/max/mean (NaN ignored, NaN count given), and the values themselves when few."""
+    a = np.asarray(a)
     if a.size == 0:
         return "(empty)"
-    if a.size <= 8:
-        return np.array2string(a.reshape(-1), separator=", ")
     f = a.astype(np.float64)
-    return f"min {np.nanmin(f):.6g} max {np.nanmax(f):.6g} mean {np.nanmean(f):.6g}"
+    finite = f[~np.isnan(f)]
+    parts = []
+    if finite.size:
+        parts.append(f"min {finite.min():.6g} max {finite.max():.6g} mean {finite.mean():.6g}")
+    n_nan = int(f.size - finite.size)
+    if n_nan:
+        parts.append(f"{n_nan} NaN")
+    if a.size <= 8:
+        parts.append("values " + np.array2string(a.reshape(-1), separator=", "))
+    return ", ".join(parts)
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> tuple[bool, str]:
+    """(identical, text): NaN equals NaN; otherwise how many elements differ and by how much
+    (NaN against a number is counted apart)."""
     a = np.asarray(a)
     b = np.asarray(b)
     if a.shape != b.shape or a.dtype != b.dtype:
         return False, f"{a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}"
-    if a.dtype.kind == "f":
-        eq = (a == b) | (np.isnan(a) & np.isnan(b))
-    else:
-        eq = a == b
+    af, bf = a.astype(np.float64), b.astype(np.float64)
+    nan_a, nan_b = np.isnan(af), np.isnan(bf)
+    eq = (af == bf) | (nan_a & nan_b)
     bad = int(eq.size - int(np.count_nonzero(eq)))
     if bad == 0:
         return True, "identical"
-    diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
-    return False, f"{bad} of {a.size} elements differ (max |diff| {np.nanmax(diff):.6g})"
+    nan_bad = int(np.count_nonzero(nan_a != nan_b))
+    both = ~nan_a & ~nan_b & ~eq
+    with np.errstate(all="ignore"):
+        diff = np.abs(af - bf)[both]
+    parts = []
+    if diff.size:
+        parts.append(f"max |diff| {float(np.max(diff)):.6g}")
+    if nan_bad:
+        parts.append(f"{nan_bad} NaN against a number")
+    return False, f"{bad} of {a.size} elements differ ({', '.join(parts)})"
+
+
+def output_step(model, name: str) -> float | None:
+    """The quantization step of a float output produced by a per-tensor DequantizeLinear whose
+    scale is an initializer (its scale), or None: used to state a float difference in steps."""
+    from onnx import numpy_helper  # noqa: PLC0415
+
+    producer = next((n for n in model.graph.node if name in n.output), None)
+    while producer is not None and producer.op_type in ("Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze"):
+        src = producer.input[0]
+        producer = next((n for n in model.graph.node if src in n.output), None)
+    if producer is None or producer.op_type != "DequantizeLinear" or len(producer.input) < 2:
+        return None
+    init = next((t for t in model.graph.initializer if t.name == producer.input[1]), None)
+    if init is None:
+        return None
+    scale = numpy_helper.to_array(init)
+    if scale.size != 1:
+        return None
+    return float(np.abs(scale.astype(np.float64)).reshape(-1)[0]) or None
+
+
+def describe_difference(model, name: str, got: np.ndarray, expected: np.ndarray) -> tuple[bool, str]:
+    """(identical, text): the count and max |diff| of differing elements, in quantization steps
+    for integer outputs (a step is 1) and for float outputs of a per-tensor DequantizeLinear."""
+    same, text = _same(got, expected)
+    if same or got.shape != expected.shape or got.dtype != expected.dtype:
+        return same, text
+    with np.errstate(all="ignore"):
+        diff = np.abs(got.astype(np.float64) - expected.astype(np.float64))
+    diff = diff[~np.isnan(diff)]
+    if diff.size == 0:
+        return False, text
+    m = float(np.max(diff))
+    if got.dtype.kind in "iu":
+        return False, f"{text}, max {m:g} quantization steps"
+    step = output_step(model, name)
+    if step is not None:
+        return False, f"{text}, {m / step:.3g} quantization steps of {step:.6g}"
+    return False, text
 
 
 def reference_outputs(model, feeds: dict[str, np.ndarray], names: Sequence[str], engine: str) -> list[np.ndarray]:
@@ -241,7 +310,9 @@ def reference_outputs(model, feeds: dict[str, np.ndarray], names: Sequence[str],
             import onnxruntime as ort  # noqa: PLC0415
         except ImportError:
             raise ExecutionError("--compare onnxruntime: onnxruntime is not installed") from None
-        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
         return sess.run(list(names), feeds)
     from onnx.reference import ReferenceEvaluator  # noqa: PLC0415
 
@@ -250,16 +321,61 @@ def reference_outputs(model, feeds: dict[str, np.ndarray], names: Sequence[str],
         return ReferenceEvaluator(model).run(list(names), feeds)
 
 
-def cmd_run(args) -> int:
-    from backend_wgpu.session import Session  # noqa: PLC0415
+def _session_stats(session) -> dict[str, Any]:
+    from backend_wgpu.conformance import _stats_dict  # noqa: PLC0415
 
-    session = Session(args.model, adapter=getattr(args, "adapter", None))
+    return _stats_dict(session)
+
+
+def open_session(model, *, adapter=None, device=None, host_fallback: bool = True, **kw):
+    """A Session that may run nodes without a GPU kernel on the host when the installed
+    Session supports it (``allow_host_fallback``)."""
+    from backend_wgpu.conformance import make_session  # noqa: PLC0415
+
+    return make_session(model, adapter=adapter, device=device, host_fallback=host_fallback, **kw)
+
+
+def timed_runs(session, feeds: dict[str, np.ndarray], *, repeat: int = 3,
+               budget_s: float = 2.0) -> tuple[list[np.ndarray], float, float, int]:
+    """(outputs, first-run seconds, steady-state median seconds, submits per steady run):
+    one warm-up run (plans, compiles, allocates), then up to ``repeat`` timed runs within
+    about ``budget_s`` seconds."""
+    import warnings  # noqa: PLC0415
+
+    device = session.device
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t0 = time.perf_counter()
+        outputs = session.run(None, feeds)
+        first = time.perf_counter() - t0
+        times = []
+        submits0 = device.stats.submits
+        while len(times) < max(1, repeat):
+            t0 = time.perf_counter()
+            outputs = session.run(None, feeds)
+            times.append(time.perf_counter() - t0)
+            if sum(times) + first > budget_s:
+                break
+        submits = (device.stats.submits - submits0) // len(times)
+    return outputs, first, statistics.median(times), submits
+
+
+def cmd_run(args) -> int:
+    from backend_wgpu.conformance import host_nodes  # noqa: PLC0415
+
+    session = open_session(args.model, adapter=getattr(args, "adapter", None))
     feeds = _load_feeds(session, getattr(args, "input", []), getattr(args, "random", False))
     names = session.output_names
-    outputs = session.run(None, feeds)
+    outputs, first, steady, submits = timed_runs(session, feeds)
     print(f"device: {session.device.info.name}")
+    for name, value in feeds.items():
+        print(f"input  {name}: {value.dtype} {list(value.shape)}")
     for name, value in zip(names, outputs):
-        print(f"{name}: {value.dtype} {list(value.shape)} {_summary(value)}")
+        print(f"output {name}: {value.dtype} {list(value.shape)} {_summary(value)}")
+    host = host_nodes(session)
+    print(f"time: first run {first * 1e3:.2f} ms (plans, compiles, allocates), steady state "
+          f"{steady * 1e3:.3f} ms ({submits} submit{'s' if submits != 1 else ''} per run)")
+    print(f"host fallback: {', '.join(host) if host else 'none (every node ran on the GPU)'}")
     out_dir = getattr(args, "output_dir", None)
     if out_dir:
         d = Path(out_dir)
@@ -279,7 +395,7 @@ def cmd_run(args) -> int:
                                  f"{str(e).splitlines()[0] if str(e) else ''}") from None
         ok = True
         for name, got, exp in zip(names, outputs, expected):
-            same, text = _same(got, np.asarray(exp))
+            same, text = describe_difference(session.model, name, np.asarray(got), np.asarray(exp))
             ok &= same
             print(f"compare {engine} {name}: {text}")
         return 0 if ok else 1
@@ -477,18 +593,39 @@ def cmd_bench(args) -> int:
     return 1 if bad else 0
 
 
-# --------------------------------------------------------------------------- later
-
-
-class NotAvailableYet(QuantError):
-    """A subcommand whose machinery is still being built."""
+# --------------------------------------------------------------------------- conformance
 
 
 def cmd_conformance(args) -> int:
-    raise NotAvailableYet("conformance is not available yet: it arrives with the conformance runner "
-                          "(onnx.backend Backend over the graph executor)")
+    """ONNX's node cases for the quantization family on the GPU: one row per case, totals;
+    exit 1 if any case does not pass (a case with a node run on the host does not)."""
+    from backend_wgpu.conformance import format_table, run_conformance, status, totals  # noqa: PLC0415
+    from backend_wgpu.device import get_device  # noqa: PLC0415
+
+    ops = getattr(args, "ops", None)
+    ops = [o for o in re.split(r"[,\s]+", ops) if o] if ops else None
+    as_json = getattr(args, "json", False)
+    device = get_device(getattr(args, "adapter", None))
+
+    def progress(i: int, n: int, row) -> None:
+        print(f"[{i}/{n}] {row.case}: {status(row)} ({row.seconds:.2f} s)", file=sys.stderr, flush=True)
+
+    rows = run_conformance(ops, device=device, progress=progress)
+    if as_json:
+        print(json.dumps([r.as_dict() for r in rows], indent=2))
+    else:
+        print(format_table(rows, device.info.name))
+    t = totals(rows)
+    print(f"conformance: {t['passed']}/{t['cases']} passed on {device.info.name}", file=sys.stderr)
+    return 0 if rows and t["passed"] == t["cases"] else 1
+
+
+# --------------------------------------------------------------------------- demo
 
 
 def cmd_demo(args) -> int:
-    raise NotAvailableYet("demo is not available yet: it arrives with the graph executor (running a "
-                          "whole quantized model on the GPU)")
+    """Build a small quantized CNN, infer it, run it on the GPU and compare with the CPU
+    reference (``backend_wgpu/demo.py``); exit 0 when they agree."""
+    from backend_wgpu.demo import run_demo  # noqa: PLC0415
+
+    return run_demo(adapter=getattr(args, "adapter", None), log=lambda s: print(s, flush=True))

@@ -96,6 +96,7 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
 def _conformance_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true")
     p.add_argument("--adapter")
+    p.add_argument("--ops", metavar="OP[,OP...]", help="only the cases of these op types (e.g. QuantizeLinear,QLinearConv)")
 
 
 @_arguments("demo")

@@ -1,0 +1,317 @@
+"""Whole-model benchmark: quantized models on the GPU (``backend_wgpu.Session``) beside
+onnxruntime CPU, in the same process on the same inputs; per-node overhead on a chain of
+small nodes; where a GPU run's time goes (host work, uploads, the submit, waiting + read-back).
+
+    python benchmarks/bench_models.py [--repeat 10] [--chain 1000] [--adapter vulkan]
+                                      [--families cnn,mlp,transformer] [--formats qoperator,qdq,dynamic]
+                                      [--json | --markdown]
+
+Models: the model zoo's float CNN, MLP and transformer block (``onnx_quant.model_zoo``, the
+builders' default sizes), quantized by onnxruntime.quantization in QOperator, QDQ and dynamic
+format with per-channel weights. Times are medians of ``--repeat`` runs after one warm-up run
+(plans, compiles, allocates); a GPU run is end to end (host arrays in, host arrays out).
+``ratio`` is GPU time / onnxruntime time (above 1 = the GPU is slower).
+
+The time split of a GPU run comes from wrapping wgpu's ``GPUQueue.write_buffer``,
+``GPUQueue.submit``, ``GPUBuffer.map_sync`` and ``GPUBuffer.read_mapped`` for the timed runs:
+``upload`` is write_buffer, ``submit`` the submit call, ``wait+read`` mapping the staging buffer
+(which waits for the GPU to finish: on lavapipe that is the kernels' execution) and copying
+out; ``host`` is the rest (feeds check, packing, recording the commands, unpacking, Python).
+Nodes that ran on the host (``host nodes``) are counted from ``session.stats`` when the
+Session has host fallback; they make the GPU figure a mixed one.
+
+Figures measured on the development machine are in docs/benchmarks.md ("## Whole models").
+Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from onnx_quant import model_zoo  # noqa: E402
+
+#: run shapes per family (the calibration shapes are model_zoo.CALIBRATION_DIMS)
+RUN_DIMS = {"cnn": {"N": 1, "H": 32, "W": 32}, "mlp": {"N": 8}, "transformer": {"B": 1, "S": 16}}
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+class PhaseTimer:
+    """Wraps wgpu's queue/buffer methods (class level, restored on exit) and sums the
+    seconds spent in each phase while ``active``."""
+
+    PHASES = ("upload", "submit", "wait+read")
+
+    def __init__(self) -> None:
+        self.totals = dict.fromkeys(self.PHASES, 0.0)
+        self.calls = dict.fromkeys(self.PHASES, 0)
+        self.active = False
+        self._depth = 0
+        self._patches: list[tuple[type, str, Any]] = []
+
+    def reset(self) -> None:
+        self.totals = dict.fromkeys(self.PHASES, 0.0)
+        self.calls = dict.fromkeys(self.PHASES, 0)
+
+    def _wrap(self, cls: type, name: str, phase: str) -> None:
+        orig = getattr(cls, name)
+        timer = self
+
+        def wrapped(*a, **kw):
+            # nested calls (map_sync flushes the queue with an empty submit) count once
+            if not timer.active or timer._depth:
+                return orig(*a, **kw)
+            timer._depth += 1
+            t0 = time.perf_counter()
+            try:
+                return orig(*a, **kw)
+            finally:
+                timer._depth -= 1
+                timer.totals[phase] += time.perf_counter() - t0
+                if name != "read_mapped":
+                    timer.calls[phase] += 1
+
+        setattr(cls, name, wrapped)
+        self._patches.append((cls, name, orig))
+
+    def __enter__(self) -> "PhaseTimer":
+        import wgpu  # noqa: PLC0415
+
+        from backend_wgpu.device import get_device  # noqa: PLC0415, F401
+
+        classes = {}
+        for mod_name in ("wgpu.backends.wgpu_native",):
+            try:
+                mod = __import__(mod_name, fromlist=["GPUQueue"])
+                classes["queue"] = mod.GPUQueue
+                classes["buffer"] = mod.GPUBuffer
+            except (ImportError, AttributeError):
+                classes = {"queue": wgpu.GPUQueue, "buffer": wgpu.GPUBuffer}
+        self._wrap(classes["queue"], "write_buffer", "upload")
+        self._wrap(classes["queue"], "submit", "submit")
+        self._wrap(classes["buffer"], "map_sync", "wait+read")
+        self._wrap(classes["buffer"], "read_mapped", "wait+read")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for cls, name, orig in reversed(self._patches):
+            setattr(cls, name, orig)
+        self._patches.clear()
+
+
+def _times(fn: Callable[[], Any], repeat: int, budget_s: float = 20.0) -> list[float]:
+    """Seconds of up to ``repeat`` calls (fewer when they take more than ``budget_s``)."""
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < max(1, repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        if time.perf_counter() - start > budget_s:
+            break
+    return times
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def chain_model(nodes: int = 1000, width: int = 16):
+    """``x [width] -> (Add c, Relu) x nodes/2 -> y``: per-node overhead on a tiny tensor."""
+    c = numpy_helper.from_array(np.full(width, -0.001, np.float32), "c")
+    graph_nodes = []
+    cur = "x"
+    for i in range(nodes):
+        out = "y" if i == nodes - 1 else f"v{i}"
+        if i % 2 == 0:
+            graph_nodes.append(helper.make_node("Add", [cur, "c"], [out], name=f"add{i}"))
+        else:
+            graph_nodes.append(helper.make_node("Relu", [cur], [out], name=f"relu{i}"))
+        cur = out
+    graph = helper.make_graph(graph_nodes, "chain",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [width])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [width])], [c])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def quantized_models(families, formats) -> list[tuple[str, Any, dict[str, np.ndarray]]]:
+    logging.getLogger().setLevel(logging.ERROR)
+    out = []
+    for fam in families:
+        for fmt in formats:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model = model_zoo.quantized(fam, fmt, per_channel=True)
+            feeds = model_zoo.random_feeds(model, RUN_DIMS[fam], seed=1)
+            out.append((f"{fam} {fmt}", model, feeds))
+    return out
+
+
+# ----------------------------------------------------------------------------- bench
+
+
+def _ort_session(model):
+    import onnxruntime as ort  # noqa: PLC0415
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def bench_one(name: str, model, feeds, *, device, repeat: int, timer: PhaseTimer) -> dict[str, Any]:
+    from backend_wgpu.conformance import host_node_count, host_nodes, make_session  # noqa: PLC0415
+
+    row: dict[str, Any] = {"model": name, "nodes": len(model.graph.node),
+                           "inputs": {k: list(v.shape) for k, v in feeds.items()}}
+    try:
+        ort_sess = _ort_session(model)
+        ort_sess.run(None, feeds)
+        row["ort_ms"] = statistics.median(_times(lambda: ort_sess.run(None, feeds), repeat)) * 1e3
+        expected = ort_sess.run(None, feeds)
+    except Exception as e:  # pragma: no cover - onnxruntime is a test extra
+        row["ort_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        expected = None
+    session = None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            session = make_session(model, device=device)
+            t0 = time.perf_counter()
+            got = session.run(None, feeds)
+            row["first_run_ms"] = (time.perf_counter() - t0) * 1e3
+            submits0 = device.stats.submits
+            comp0 = device.pipelines.compilations
+            timer.reset()
+            timer.active = True
+            times = _times(lambda: session.run(None, feeds), repeat)
+            timer.active = False
+            n = len(times)
+            row["gpu_ms"] = statistics.median(times) * 1e3
+            row["runs"] = n
+            row["submits_per_run"] = (device.stats.submits - submits0) / n
+            row["compilations_after_warmup"] = device.pipelines.compilations - comp0
+            # where the time goes, as means over the same runs (host = the rest of a run)
+            split = {k: v / n * 1e3 for k, v in timer.totals.items()}
+            split["host"] = max(0.0, statistics.fmean(times) * 1e3 - sum(split.values()))
+            row["mean_ms"] = statistics.fmean(times) * 1e3
+            row["split_ms"] = split
+            row["host_nodes"] = host_nodes(session)
+            count = host_node_count(session)
+            if count is not None:
+                row["host_node_runs"] = count
+        if expected is not None:
+            diffs = [float(np.max(np.abs(np.asarray(g, np.float64) - np.asarray(e, np.float64)), initial=0.0))
+                     for g, e in zip(got, expected)]
+            row["max_abs_diff_vs_ort"] = max(diffs) if diffs else 0.0
+        if "ort_ms" in row:
+            row["ratio"] = row["gpu_ms"] / row["ort_ms"]
+    except Exception as e:
+        timer.active = False
+        row["gpu_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    finally:
+        if session is not None:
+            session.close()
+    return row
+
+
+def run(*, families=("cnn", "mlp", "transformer"), formats=model_zoo.FORMATS, chain: int = 1000,
+        repeat: int = 10, adapter=None, log: Callable[[str], None] = _say) -> dict[str, Any]:
+    from backend_wgpu.device import get_device  # noqa: PLC0415
+
+    device = get_device(adapter)
+    rows = []
+    with PhaseTimer() as timer:
+        items = quantized_models(families, formats)
+        if chain:
+            width = 16
+            items.append((f"chain of {chain} Add/Relu [{width}]", chain_model(chain, width),
+                          {"x": np.random.default_rng(0).standard_normal(width).astype(np.float32)}))
+        for i, (name, model, feeds) in enumerate(items, 1):
+            log(f"[{i}/{len(items)}] {name} ({len(model.graph.node)} nodes) ...")
+            row = bench_one(name, model, feeds, device=device, repeat=repeat, timer=timer)
+            rows.append(row)
+            if "gpu_ms" in row:
+                log(f"    gpu {row['gpu_ms']:.2f} ms, onnxruntime {row.get('ort_ms', float('nan')):.3f} ms, "
+                    f"ratio {row.get('ratio', float('nan')):.1f}, host nodes {len(row['host_nodes'])}")
+            else:
+                log(f"    gpu: {row.get('gpu_error')}")
+    for row in rows:
+        if row["model"].startswith("chain") and "gpu_ms" in row:
+            row["gpu_us_per_node"] = row["gpu_ms"] * 1e3 / row["nodes"]
+            if "ort_ms" in row:
+                row["ort_us_per_node"] = row["ort_ms"] * 1e3 / row["nodes"]
+    return {"device": device.info.name, "backend": device.info.backend, "repeat": repeat, "rows": rows}
+
+
+def _f(v: Any, fmt: str = ".2f") -> str:
+    return "" if v is None else format(v, fmt)
+
+
+def format_markdown(result: dict[str, Any]) -> str:
+    lines = [f"Device: {result['device']}; median of {result['repeat']} runs after a warm-up.", "",
+             "| model | nodes | GPU ms | onnxruntime ms | ratio | submits/run | host ms¹ | upload ms¹ | submit ms¹ "
+             "| wait+read ms¹ | host-fallback nodes | max diff vs ort |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    for r in result["rows"]:
+        if "gpu_ms" not in r:
+            lines.append(f"| {r['model']} | {r['nodes']} | — | {_f(r.get('ort_ms'), '.3f')} | | | | | | | "
+                         f"{r.get('gpu_error', '')} | |")
+            continue
+        s = r["split_ms"]
+        host_nodes = ", ".join(dict.fromkeys(r["host_nodes"])) or "none"
+        lines.append(
+            f"| {r['model']} | {r['nodes']} | {_f(r['gpu_ms'])} | {_f(r.get('ort_ms'), '.3f')} | {_f(r.get('ratio'), '.1f')} "
+            f"| {_f(r['submits_per_run'], '.0f')} | {_f(s['host'])} | {_f(s['upload'])} | {_f(s['submit'])} "
+            f"| {_f(s['wait+read'])} | {host_nodes} | {_f(r.get('max_abs_diff_vs_ort'), '.3g')} |")
+    lines.append("")
+    lines.append("¹ means per run over the timed runs (the GPU column is the median).")
+    for r in result["rows"]:
+        if "gpu_us_per_node" in r:
+            lines.append("")
+            lines.append(f"Per-node overhead ({r['model']}): GPU {r['gpu_us_per_node']:.1f} µs/node, "
+                         f"onnxruntime {r.get('ort_us_per_node', float('nan')):.2f} µs/node.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeat", type=int, default=10)
+    p.add_argument("--chain", type=int, default=1000, help="nodes in the per-node overhead chain (0: skip)")
+    p.add_argument("--families", default="cnn,mlp,transformer")
+    p.add_argument("--formats", default=",".join(model_zoo.FORMATS))
+    p.add_argument("--adapter")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--json", action="store_true")
+    g.add_argument("--markdown", action="store_true")
+    args = p.parse_args(argv)
+    result = run(families=[f for f in args.families.split(",") if f],
+                 formats=[f for f in args.formats.split(",") if f],
+                 chain=args.chain, repeat=args.repeat, adapter=args.adapter)
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        print(format_markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
