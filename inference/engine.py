@@ -264,11 +264,12 @@ class _Writer:
         for name in g.produced:
             if name in skip or name in emitted:
                 continue
+            emitted.add(name)
             info = local.get(name)
             tpart = type_parts.get(id(info))
-            old = existing.get(name) if existing else None
-            if tpart is None or old is not None or name in other:
-                tp = other.get(name)
+            if tpart is None or existing or (other and name in other):
+                old = existing.get(name) if existing else None
+                tp = other.get(name) if other else None
                 if tp is not None:
                     tb = tp.SerializeToString()
                 elif info is not None and info.elem_type:
@@ -276,17 +277,18 @@ class _Writer:
                 elif old is not None:
                     tb = old.type.SerializeToString()
                 else:
+                    emitted.discard(name)
                     continue
-                tpart = b"\x12" + varint(len(tb)) + tb
+                tpart = b"\x12" + varint(len(tb)) + tb  # ValueInfoProto.type = 2
                 if tp is None and old is None:
                     type_parts[id(info)] = tpart
                 if old is not None and old.doc_string:
                     db = old.doc_string.encode()
                     tpart += b"\x1a" + varint(len(db)) + db
             nb = name.encode()
-            body = b"\x0a" + varint(len(nb)) + nb + tpart
-            parts.append(b"\x6a" + varint(len(body)) + body)  # GraphProto.value_info = 13
-            emitted.add(name)
+            nl = varint(len(nb))
+            # GraphProto.value_info = 13, ValueInfoProto.name = 1
+            parts += (b"\x6a", varint(1 + len(nl) + len(nb) + len(tpart)), b"\x0a", nl, nb, tpart)
         # annotations of names the pass never produced are kept as they were
         for name, old in existing.items():
             if name not in emitted and name not in skip:
@@ -375,13 +377,10 @@ class _Lazy(TensorInfo):
     Equal to (and hashing like) any ``TensorInfo`` of the same type and shape.
     """
 
-    #: every read of a value (the memo notes which constants a rule looked at)
-    log: list = []
-
-    def __init__(self, proto: onnx.TensorProto, report=None) -> None:
+    def __init__(self, proto: onnx.TensorProto, owner: "_Pass | None" = None) -> None:
         d = self.__dict__
         d["_proto"] = proto
-        d["_report"] = report
+        d["_owner"] = owner  # its pass: notes every read (the memo), reports unreadable data
 
     @property
     def elem_type(self) -> int:  # type: ignore[override]
@@ -402,7 +401,9 @@ class _Lazy(TensorInfo):
     @property
     def value(self) -> np.ndarray | None:  # type: ignore[override]
         d = self.__dict__
-        _Lazy.log.append(self)
+        owner = d["_owner"]
+        if owner is not None:
+            owner.log.append(self)
         if "_value" in d:
             return d["_value"]
         v = None
@@ -411,8 +412,8 @@ class _Lazy(TensorInfo):
             try:
                 v = _to_array(proto)
             except Exception as e:  # malformed data (wrong raw_data length, unknown type)
-                if d["_report"] is not None:
-                    d["_report"](InferenceError(
+                if owner is not None:
+                    owner.raise_or_record(InferenceError(
                         "initializer", MODEL_NODE, f"tensor {proto.name!r}: cannot read its data: {one_line(e)}"))
         d["_value"] = v
         return v
@@ -444,6 +445,11 @@ class _Lazy(TensorInfo):
 _UNKNOWN = TensorInfo()
 
 
+class _NoLog(list):
+    def append(self, item) -> None:
+        pass
+
+
 class _Dep:
     """Memo marker: results for this key depend on the content of these constant inputs."""
 
@@ -469,18 +475,18 @@ class _Scope(ShapesContext):
     them (a ``_Lazy`` is made then): on the memo's hit path only their key ids are needed."""
 
     def __init__(self, opsets: dict[str, int], strict: bool, diagnostics: list,
-                 parent: "_Scope | None" = None, report=None) -> None:
+                 parent: "_Scope | None" = None, owner: "_Pass | None" = None) -> None:
         self.opsets = opsets
         self.strict = strict
         self._values: dict[str, TensorInfo] = {}
         self.diagnostics = diagnostics
         self.parent = parent
-        self.report = report
+        self.owner = owner
         self.other: dict[str, onnx.TypeProto] = {}  # non-tensor types (sequence, optional, map)
         self.kids: dict[str, int] = {"": 0}  # name -> memo key id of its current value (a cache); "": absent
 
     def _materialize(self, name: str, proto: onnx.TensorProto) -> TensorInfo:
-        info = self._values[name] = _Lazy(proto, self.report)
+        info = self._values[name] = _Lazy(proto, self.owner)
         return info
 
     def __contains__(self, name: str) -> bool:
@@ -506,6 +512,16 @@ class _Scope(ShapesContext):
             v = s._values.get(name)
             if v is not None:
                 return s._materialize(name, v) if type(v) is _TensorProto else v
+            s = s.parent
+        return None
+
+    def raw(self, name: str):
+        """What is stored for ``name`` (a ``TensorProto`` for an unread initializer), or None."""
+        s = self
+        while s is not None:
+            v = s._values.get(name)
+            if v is not None:
+                return v
             s = s.parent
         return None
 
@@ -614,7 +630,8 @@ class _Pass:
             opsets[""] = 1
         self.opsets = opsets
         self.diagnostics: list = []
-        scope = _Scope(opsets, strict, self.diagnostics, report=self.raise_or_record)
+        self.log: list = []  # constants read since the current node started (see _Lazy.value)
+        scope = _Scope(opsets, strict, self.diagnostics, owner=self)
         self.ctx = scope
         self.result = InferenceResult(scope)
         self.result.owner = self  # type: ignore[attr-defined]
@@ -625,6 +642,7 @@ class _Pass:
         self._texts: dict[int, tuple] = {}   # id(Dim) -> (Dim, dim_param text)
         self._interned: dict[int, tuple] = {}  # id(info) -> (info, key id, type bytes)
         self._key_ids: dict[tuple, int] = {}
+        self._content_ids: dict[int, tuple] = {}  # id(TensorProto) -> (proto, content key id)
         self._data_bytes: dict[int, tuple] = {}  # id(info) -> (info, TensorProto bytes or None)
         self._dispatch_tables: dict[tuple, dict] = {}
         from inference import functions
@@ -644,6 +662,7 @@ class _Pass:
         self._seed(g, input_shapes)
         self.walk(g)
         self._check_outputs_defined(g)
+        self.log = _NoLog()  # values read after the pass need no bookkeeping
         return self.result
 
     def walk(self, g: _Graph) -> None:
@@ -749,9 +768,8 @@ class _Pass:
         graph = g.proto
         values = g.scope._values
         typed_by = g.typed_by
-        report = self.raise_or_record
         input_names = {v.name for v in graph.input}
-        names = self._seed_initializers(g, graph.initializer, report)
+        names = self._seed_initializers(g, graph.initializer)
         for name in input_names.intersection(names):  # only a default the caller may override: not a constant
             info = g.scope[name]
             values[name] = TensorInfo(info.elem_type, info.shape)
@@ -778,7 +796,7 @@ class _Pass:
             self._override_inputs(g, input_shapes, input_names)
         self.seed_declared(g)
 
-    def _seed_initializers(self, g: _Graph, inits, report) -> list[str]:
+    def _seed_initializers(self, g: _Graph, inits) -> list[str]:
         """Each initializer's memo key id (its type and shape: one read of the proto each, the
         hottest loop of big models); the value stays the proto until something reads it."""
         values, kids, key_ids = g.scope._values, g.scope.kids, self._key_ids
@@ -814,7 +832,7 @@ class _Pass:
         for t in graph.initializer:
             if t.data_location == onnx.TensorProto.EXTERNAL:
                 check_external_location(t)
-            values[t.name] = _Lazy(t, self.raise_or_record)
+            values[t.name] = _Lazy(t, self)
             g.typed_by[t.name] = SOURCE_INITIALIZER
         for st in graph.sparse_initializer:
             values[st.values.name] = TensorInfo(int(st.values.data_type), tuple(int(d) for d in st.dims))
@@ -915,31 +933,38 @@ class _Pass:
 
     # -- one node
     def _content_key(self, g: _Graph, node, key: tuple, indices: frozenset) -> tuple:
-        get = g.get
+        """``key`` extended by the content of the constant inputs at ``indices``."""
+        scope = g.scope
+        inputs = node.input
         parts = [key, indices]
         for i in sorted(indices):
-            info = get(node.input[i])
-            rec = self._interned.get(id(info)) or self._intern(info)
-            parts.append(rec[3] if rec[3] is not None else self._content_id(info, rec))
+            name = inputs[i]
+            v = scope.raw(name)
+            if type(v) is _TensorProto or type(v) is _Lazy:
+                proto = v if type(v) is _TensorProto else v.__dict__["_proto"]
+                rec = self._content_ids.get(id(proto))
+                parts.append(rec[1] if rec is not None else self._content_id(scope, name, proto))
+            else:  # a value a rule computed: its key id has its content already
+                parts.append(scope.kids.get(name) or self._kid_of(g, name))
         return tuple(parts)
 
-    def _content_id(self, info: TensorInfo, rec: tuple) -> int:
-        """Key id of a constant's type and content (a big one's is its identity)."""
-        if info.external:
+    def _content_id(self, scope: _Scope, name: str, proto: onnx.TensorProto) -> int:
+        """Key id of a constant's type, shape and content (a big one's is its identity)."""
+        info = scope.get(name)
+        if proto.data_location == onnx.TensorProto.EXTERNAL:
             vk = None
         elif info.size > _KEY_MAX_ELEMENTS:
-            vk = ("object", id(info))
+            vk = ("object", id(proto))
         else:
-            vk = _proto_content(info.__dict__["_proto"])
+            vk = _proto_content(proto)
             if vk is None:
                 v = info.value
                 vk = None if v is None else _array_key(v)
-        k = ("content", rec[1], vk)
+        k = ("content", info.elem_type, info.shape, vk)
         kid = self._key_ids.get(k)
         if kid is None:
             kid = self._key_ids[k] = len(self._key_ids) + 1
-        rec = self._interned[id(info)]
-        self._interned[id(info)] = (rec[0], rec[1], rec[2], kid)
+        self._content_ids[id(proto)] = (proto, kid)
         return kid
 
     def node_ctx(self, g: _Graph, index: int, node, entry: _Entry) -> _NodeCtx:
@@ -964,7 +989,7 @@ class _Pass:
                 self._redefined(g, index, node, name)
         kind = entry.kind
         diag_mark = len(self.diagnostics)
-        log = _Lazy.log
+        log = self.log
         log.clear()
         source = SOURCE_UNKNOWN
         if kind is _K_NO_OPSET:
@@ -1245,13 +1270,13 @@ class _Pass:
         rec = self._data_bytes.get(id(info))
         if rec is not None:
             if rec[1] is not None and type(info) is _Lazy:
-                _Lazy.log.append(info)  # onnx reads it: the node's result depends on it
+                self.log.append(info)  # onnx reads it: the node's result depends on it
             return rec[1]
         b = None
         if type(info) is _Lazy:
             if not info.external and info.size <= _DATA_MAX_ELEMENTS:
                 b = info.__dict__["_proto"].SerializeToString()
-                _Lazy.log.append(info)
+                self.log.append(info)
         else:
             v = info.value
             # object arrays (symbolic entries, a rule's form) have no TensorProto form
@@ -1298,7 +1323,7 @@ class _Pass:
         info: TensorInfo
         try:
             if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
-                info = _Lazy(a.t, self.raise_or_record)
+                info = _Lazy(a.t, self)
             elif a.name == "sparse_value" and a.type == onnx.AttributeProto.SPARSE_TENSOR:
                 info = TensorInfo(int(a.sparse_tensor.values.data_type), tuple(int(d) for d in a.sparse_tensor.dims))
             elif a.name == "value_float" and a.type == onnx.AttributeProto.FLOAT:

@@ -628,3 +628,13 @@ def test_memo_does_not_hide_diagnostics_of_repeated_nodes():
     nodes = [helper.make_node("Add", ["x", "i"], [f"y{k}"], name=f"bad{k}") for k in range(3)]
     model = make_model(nodes, [vi("x", F, [2]), vi("i", I64, [2])], [vi(f"y{k}", F, [None]) for k in range(3)])
     assert [d.node for d in inference.infer(model).diagnostics] == ["'bad0' (Add)", "'bad1' (Add)", "'bad2' (Add)"]
+
+
+def test_unreadable_constant_is_reported_when_a_rule_reads_it():
+    shape = onnx.TensorProto(name="shape", data_type=TensorProto.INT64, dims=[2], raw_data=b"\x01\x02\x03")  # 3 bytes, not 16
+    model = make_model([helper.make_node("Reshape", ["x", "shape"], ["y"], name="r")], [vi("x", F, [4, 3])],
+                       [vi("y", F, None)], [shape])
+    result = inference.infer(model)
+    assert [(d.rule, d.node) for d in result.diagnostics][:1] == [("initializer", "<model>")]
+    assert "'shape'" in result.diagnostics[0].message
+    assert result.ctx["y"].rank == 2 and result.ctx["y"].shape != (2, 6)  # no value: no guessed dims
