@@ -1,13 +1,14 @@
 """The wgpu backend: device layer, kernel specs and planning, rendering, execution, Session.
 
-``import backend_wgpu`` stays cheap: ``Session`` (and wgpu with it) loads on first use.
+``import backend_wgpu`` stays cheap: ``Session`` (and wgpu with it) loads on first use, and
+``backend`` (the ``onnx.backend`` Backend, :class:`backend_wgpu.onnx_backend.WgpuBackend`) too.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Session"]
+__all__ = ["Session", "backend"]
 
 
 def __getattr__(name: str) -> Any:
@@ -15,4 +16,8 @@ def __getattr__(name: str) -> Any:
         from backend_wgpu.session import Session
 
         return Session
+    if name == "backend":
+        from backend_wgpu.onnx_backend import WgpuBackend
+
+        return WgpuBackend
     raise AttributeError(f"module 'backend_wgpu' has no attribute {name!r}")

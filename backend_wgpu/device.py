@@ -295,10 +295,15 @@ class GpuDevice:
         return self.pipelines.get(source, layout_key, entry_point=entry_point, label=label,
                                   kernel=kernel, variant=variant, pass_id=pass_id)
 
-    def bind(self, compiled, buffers: Sequence[tuple[int, Any, int]], *, label: str = "",
+    def bind(self, compiled, buffers: Sequence[tuple], *, label: str = "",
              kernel: str | None = None, variant: str | None = None, pass_id: str | None = None):
-        """A bind group for a compiled pipeline: (binding index, buffer, size in bytes) entries."""
-        entries = [{"binding": i, "resource": {"buffer": buf, "offset": 0, "size": size}} for i, buf, size in buffers]
+        """A bind group for a compiled pipeline: (binding index, buffer, size in bytes) or
+        (binding index, buffer, offset, size) entries (offsets: uniform regions of a shared
+        buffer, aligned to ``minUniformBufferOffsetAlignment``)."""
+        entries = []
+        for entry in buffers:
+            i, buf, offset, size = entry if len(entry) == 4 else (entry[0], entry[1], 0, entry[2])
+            entries.append({"binding": i, "resource": {"buffer": buf, "offset": int(offset), "size": int(size)}})
         with self.errors("creating a bind group", kernel=kernel, variant=variant, pass_id=pass_id):
             bg = self.device.create_bind_group(label=label, layout=compiled.bind_group_layout, entries=entries)
         self.stats.bind_groups_created += 1
@@ -339,6 +344,59 @@ class GpuDevice:
         self.stats.submits += 1
         if read is not None:
             return self.read_staging(read)
+        return None
+
+
+    def submit(
+        self,
+        commands: Sequence[tuple],
+        *,
+        read: Any = None,
+        read_size: int | None = None,
+        label: str = "run",
+    ) -> bytes | None:
+        """Record an ordered list of commands into ONE command encoder and submit once.
+
+        ``("dispatch", compiled, bind_group, (x, y, z), pass label)`` entries that follow each
+        other share one compute pass (WebGPU orders the dispatches of a pass and makes each
+        one's writes visible to the next); ``("copy", src, src_offset, dst, dst_offset, size)``
+        ends the open pass and records a buffer copy there, so a value can be copied out
+        (e.g. into the read-back staging buffer) right after the pass that produced it.
+        With ``read`` (a MAP_READ staging buffer), map its first ``read_size`` bytes after
+        the submit, return them and unmap.
+        """
+        recorded: list[str] = []
+        with self.errors("recording commands", pass_id=label):
+            encoder = self.device.create_command_encoder(label=label)
+            cpass = None
+            for cmd in commands:
+                if cmd[0] == "dispatch":
+                    _, compiled, bind_group, grid, pass_label = cmd
+                    if min(grid) <= 0:
+                        continue
+                    if cpass is None:
+                        cpass = encoder.begin_compute_pass(label=label)
+                    cpass.set_pipeline(compiled.pipeline)
+                    cpass.set_bind_group(0, bind_group)
+                    cpass.dispatch_workgroups(*grid)
+                    recorded.append(pass_label)
+                elif cmd[0] == "copy":
+                    _, src, src_off, dst, dst_off, size = cmd
+                    if cpass is not None:
+                        cpass.end()
+                        cpass = None
+                    if size > 0:
+                        encoder.copy_buffer_to_buffer(src, src_off, dst, dst_off, size)
+                else:  # pragma: no cover - programming error
+                    raise ValueError(f"unknown command {cmd[0]!r}")
+            if cpass is not None:
+                cpass.end()
+        shown = ",".join(recorded[:12]) + (f",... ({len(recorded)} dispatches)" if len(recorded) > 12 else "")
+        with self.errors("finishing and submitting the command buffer", pass_id=shown or label):
+            self.queue.submit([encoder.finish()])
+        self.stats.submits += 1
+        if read is not None:
+            return self.read_staging(read, read_size)
         return None
 
 

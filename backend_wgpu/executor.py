@@ -213,3 +213,483 @@ def run_plan(device, plan: KernelPlan, inputs: Mapping[str, np.ndarray], *, node
         shape = tuple(b.shape) if b.shape is not None else (b.byte_size // max(1, _etype(b.onnx_type).dtype.itemsize),)
         results[b.name] = unpack_array(memoryview(raw)[off:off + prep.buffers[b.name].size], b.onnx_type, shape)
     return results
+
+
+# ============================================================================================
+# The graph executor: a whole model's plan for one binding of input shapes
+# ============================================================================================
+#
+# ``session.py`` builds a :class:`GraphPlan` (which node runs where, which value lives in which
+# buffer, in which order the work is submitted); this section allocates its device state once
+# (:func:`prepare_graph`) and runs it (:func:`run_graph`). docs/backend.md, "Graph execution",
+# describes the model; the short form:
+#
+# * values are *roots* (a tensor some node or the caller produces) or *aliases* (the output of
+#   a view node: a root with another shape, sharing its buffer);
+# * the schedule is a list of steps: ``Segment`` (GPU nodes recorded into ONE encoder, ONE
+#   submit) and ``HostStep`` (a node run by onnx.reference); a segment ends only where a host
+#   node needs a value the open segment produces;
+# * pooled values (feeds, GPU-produced values, host values uploaded for GPU nodes, kernel
+#   scratch buffers) get buffers from a greedy allocator over their lifetimes, by size class.
+
+#: the smallest pooled buffer (bytes); tiny values (scales, zero points) share this class
+SIZE_CLASS_MIN = 256
+
+
+def size_class(nbytes: int, cap: int | None = None) -> int:
+    """The pooled-buffer size for a value of ``nbytes``: at least SIZE_CLASS_MIN, else the
+    next m * 2**k with m in 4..8 (four classes per octave, at most 25 % slack). ``cap`` (the
+    device's maxBufferSize) bounds the class, never below ``nbytes`` itself."""
+    n = max(4, (int(nbytes) + 3) // 4 * 4)
+    if n <= SIZE_CLASS_MIN:
+        cls = SIZE_CLASS_MIN
+    else:
+        k = n.bit_length() - 3
+        cls = ((n + (1 << k) - 1) >> k) << k
+    if cap is not None and cls > cap:
+        cls = max(n, cap)
+    return cls
+
+
+@dataclass(frozen=True)
+class Lifetime:
+    """A pooled value: ``key`` lives in a buffer of ``nbytes`` from GPU position ``start`` to
+    ``end`` inclusive (positions number the GPU nodes in schedule order, across segments)."""
+
+    key: Any
+    nbytes: int
+    start: int
+    end: int
+
+
+def assign_buffers(lifetimes: "list[Lifetime]", cap: int | None = None) -> tuple[dict[Any, int], list[int]]:
+    """Greedy allocation: walk the values by start position; a buffer whose value's lifetime
+    ended before the start returns to the free list of its size class; each value takes a
+    free buffer of its class or a new one. Two values share a buffer only when their
+    lifetimes do not overlap. Returns (key -> slot index, slot sizes)."""
+    import heapq  # noqa: PLC0415
+
+    free: dict[int, list[int]] = {}
+    active: list[tuple[int, int]] = []  # (end, slot)
+    slots: list[int] = []
+    assign: dict[Any, int] = {}
+    for lt in sorted(lifetimes, key=lambda lt: lt.start):  # stable: ties keep plan order
+        while active and active[0][0] < lt.start:
+            _, slot = heapq.heappop(active)
+            free.setdefault(slots[slot], []).append(slot)
+        cls = size_class(lt.nbytes, cap)
+        pool = free.get(cls)
+        if pool:
+            slot = pool.pop()
+        else:
+            slot = len(slots)
+            slots.append(cls)
+        assign[lt.key] = slot
+        heapq.heappush(active, (lt.end, slot))
+    return assign, slots
+
+
+@dataclass
+class RootValue:
+    """A tensor the run produces or receives. ``origin``: ``feed`` (a graph input, uploaded
+    at the start of every run), ``init`` (an initializer) or ``const`` (a Constant node's
+    value; both uploaded once per session), ``fold`` (a value shape inference computed for
+    this binding, e.g. a Shape; uploaded once per plan), ``gpu`` (a GPU node's output) or
+    ``host`` (a host node's output)."""
+
+    name: str
+    onnx_type: str | None
+    shape: tuple[int, ...] | None
+    origin: str
+    #: device bytes (packed) when the value has a known type and shape
+    nbytes: int = 0
+    on_device: bool = False      # some GPU node reads it
+    on_host: bool = False        # some host node reads it (read back when produced on the GPU)
+    #: for ``gpu`` roots: the GPU position of the producer; for ``host`` roots uploaded to
+    #: the device: the segment that uploads them
+    producer_pos: int = -1
+    upload_segment: int = -1
+    segment: int = -1            # ``gpu`` roots: the segment that produces them
+
+
+@dataclass
+class GpuStep:
+    """One node run by its kernel: the plan and, per BufferPlan name, where its buffer is:
+    ``("value", root)``, ``("scratch", key)``, ``("absent", k)`` or ``("uniform", offset, size)``."""
+
+    index: int
+    label: str
+    op_type: str
+    pos: int
+    plan: KernelPlan
+    buffers: dict[str, tuple]
+    outputs: tuple[str, ...]     # roots it produces
+    # device state
+    dispatches: list[tuple] = None  # type: ignore[assignment]
+
+
+@dataclass
+class Segment:
+    index: int
+    steps: list[GpuStep]
+    #: host-produced roots written to the device (write_buffer) before this segment's submit
+    uploads: list[str]
+
+    @property
+    def start(self) -> int:
+        return self.steps[0].pos if self.steps else 0
+
+    @property
+    def end(self) -> int:
+        return self.steps[-1].pos if self.steps else 0
+
+
+@dataclass
+class HostStep:
+    """One node run on the host by onnx.reference. ``inputs``: (name the node reads, root,
+    shape to view it with); the same for the outer-scope names its subgraphs read."""
+
+    index: int
+    label: str
+    op_type: str
+    inputs: list[tuple[str, str, tuple[int, ...] | None]]
+    outputs: tuple[str, ...]
+    reason: str
+
+
+@dataclass
+class SessionStats:
+    """What a Session did on the device (and the host), for tests, ``bench`` and ``run``.
+
+    A second ``run`` with the same input shapes moves only ``runs``, ``submits``,
+    ``readbacks``, ``bytes_uploaded``, ``bytes_read_back`` and ``host_nodes_run``: it
+    compiles no pipeline, allocates no buffer and creates no bind group.
+    """
+
+    runs: int = 0
+    plans: int = 0                 # graph plans made (one per binding of input shapes)
+    pipelines_compiled: int = 0
+    buffers_allocated: int = 0
+    bytes_allocated: int = 0
+    bind_groups_created: int = 0
+    submits: int = 0
+    readbacks: int = 0             # staging buffer maps (waits)
+    bytes_uploaded: int = 0
+    bytes_read_back: int = 0
+    host_nodes_run: int = 0
+
+    def snapshot(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+    def as_dict(self) -> dict[str, int]:
+        return self.snapshot()
+
+    def __getitem__(self, key: str) -> int:
+        return self.__dict__[key]
+
+
+@dataclass
+class GraphPlan:
+    """Everything needed to run a model for one binding of input shapes (``key``)."""
+
+    key: tuple
+    roots: dict[str, RootValue]
+    #: value name -> (root name, shape): identity for roots, the view's shape for aliases
+    alias: dict[str, tuple[str, tuple[int, ...] | None]]
+    #: ``Segment`` and ``HostStep`` in execution order
+    schedule: list[Any]
+    #: per node index: "gpu" | "host" | "view" | "const" | "fold" | "unused", and why
+    placement: dict[int, tuple[str, str]]
+    lifetimes: list[Lifetime]
+    slot_of: dict[Any, int]
+    slot_sizes: list[int]
+    uniform_regions: list[tuple[int, bytes]]   # (offset, bytes) in the plan's uniform buffer
+    uniform_size: int
+    folded: dict[str, np.ndarray]
+    # device state (prepare_graph)
+    prepared: bool = False
+    slots: list[Any] | None = None
+    uniform: Any = None
+    fold_buffers: dict[str, Any] | None = None
+    staging: Any = None
+    staging_size: int = 0
+    #: requested outputs -> per segment index: [(root, offset, nbytes)], total per segment
+    readback_layouts: dict[tuple, dict[int, list[tuple[str, int, int]]]] | None = None
+
+    @property
+    def gpu_steps(self) -> list[GpuStep]:
+        return [s for seg in self.schedule if isinstance(seg, Segment) for s in seg.steps]
+
+    @property
+    def segments(self) -> list[Segment]:
+        return [s for s in self.schedule if isinstance(s, Segment)]
+
+    def memory(self) -> dict[str, int]:
+        """How well buffers are reused: pooled values vs the buffers that hold them."""
+        return {
+            "pooled_values": len(self.lifetimes),
+            "pooled_buffers": len(self.slot_sizes),
+            "value_bytes": sum(max(4, lt.nbytes) for lt in self.lifetimes),
+            "buffer_bytes": sum(self.slot_sizes),
+        }
+
+
+class SessionResources:
+    """Device buffers a Session keeps across plans: initializers and Constant values (uploaded
+    once per session) and the 4-byte zero-filled stand-ins of absent optional inputs."""
+
+    def __init__(self, device, stats: SessionStats) -> None:
+        self.device = device
+        self.stats = stats
+        self.constants: dict[str, Any] = {}
+        self.zero: list[Any] = []
+
+    def allocate(self, size: int, *, label: str, kind: str = "storage"):
+        dev = self.device
+        if kind == "uniform":
+            buf = dev.allocate_uniform(size, label=label)
+        elif kind == "staging":
+            buf = dev.allocate_staging(size, label=label)
+        else:
+            buf = dev.allocate(size, label=label)
+        self.stats.buffers_allocated += 1
+        self.stats.bytes_allocated += buf.size
+        return buf
+
+    def upload(self, buf, data, offset: int = 0) -> None:
+        n = len(memoryview(data).cast("B"))
+        self.device.upload(buf, data, offset)
+        self.stats.bytes_uploaded += n
+
+    def constant_buffer(self, name: str, array: np.ndarray, onnx_type: str):
+        buf = self.constants.get(name)
+        if buf is None:
+            data = pack_array(np.asarray(array), onnx_type)
+            buf = self.allocate(len(memoryview(data).cast("B")), label=f"constant {name}")
+            self.upload(buf, data)
+            self.constants[name] = buf
+        return buf
+
+    def zero_buffer(self, k: int):
+        while len(self.zero) <= k:  # WebGPU zero-fills new buffers; nothing ever writes these
+            self.zero.append(self.allocate(4, label=f"absent input stand-in {len(self.zero)}"))
+        return self.zero[k]
+
+    def release(self) -> None:
+        for buf in list(self.constants.values()) + self.zero:
+            _destroy(buf)
+        self.constants.clear()
+        self.zero.clear()
+
+
+def _destroy(buf) -> None:
+    try:
+        buf.destroy()
+    except Exception:  # pragma: no cover - best effort
+        pass
+
+
+def prepare_graph(device, gplan: GraphPlan, res: SessionResources, constants: Mapping[str, np.ndarray]) -> None:
+    """Allocate a plan's device state once: pooled buffers, the folded values' buffers, one
+    uniform buffer with a 256-byte-aligned region per pass (written once: its bytes depend
+    only on the shapes), every pass's pipeline (compiled through the device's pipeline cache,
+    so shared by every plan and session on the device) and bind group."""
+    if gplan.prepared:
+        return
+    for step in gplan.gpu_steps:
+        check_limits(device.info, step.plan, node=step.label)
+    stats = res.stats
+    created: list[Any] = []
+    try:
+        slots = []
+        for i, size in enumerate(gplan.slot_sizes):
+            slots.append(res.allocate(size, label=f"pool {i}"))
+            created.append(slots[-1])
+        fold_buffers: dict[str, Any] = {}
+        for name, arr in gplan.folded.items():
+            r = gplan.roots[name]
+            if not r.on_device:
+                continue
+            data = pack_array(np.asarray(arr), r.onnx_type)
+            buf = res.allocate(len(memoryview(data).cast("B")), label=f"folded {name}")
+            created.append(buf)
+            res.upload(buf, data)
+            fold_buffers[name] = buf
+        uniform = None
+        if gplan.uniform_size:
+            uniform = res.allocate(gplan.uniform_size, label="uniforms", kind="uniform")
+            created.append(uniform)
+            blob = bytearray(uniform.size)
+            for off, data in gplan.uniform_regions:
+                blob[off:off + len(data)] = data
+            res.upload(uniform, bytes(blob))
+
+        def buffer_of(step: GpuStep, bname: str):
+            where = step.buffers[bname]
+            kind = where[0]
+            if kind == "value":
+                root = gplan.roots[where[1]]
+                if root.origin in ("init", "const"):
+                    return res.constant_buffer(root.name, constants[root.name], root.onnx_type), 0
+                if root.origin == "fold":
+                    return fold_buffers[root.name], 0
+                return slots[gplan.slot_of[root.name]], 0
+            if kind == "scratch":
+                return slots[gplan.slot_of[where[1]]], 0
+            if kind == "absent":
+                return res.zero_buffer(where[1]), 0
+            if kind == "uniform":
+                return uniform, where[1]
+            raise ExecutionError(f"node {step.label}: buffer {bname}: unknown placement {where!r}")  # pragma: no cover
+
+        for step in gplan.gpu_steps:
+            plan = step.plan
+            step.dispatches = []
+            for p in plan.passes:
+                if min(p.dispatch) <= 0:
+                    continue
+                source = render(p)
+                before = device.pipelines.compilations
+                compiled = device.compile(source, layout_key(p.bindings),
+                                          label=f"{step.label}/{plan.kernel}/{plan.variant}/{p.id}",
+                                          kernel=plan.kernel, variant=plan.variant, pass_id=p.id)
+                stats.pipelines_compiled += device.pipelines.compilations - before
+                entries = []
+                for b in p.bindings:
+                    buf, offset = buffer_of(step, b.buffer)
+                    bp = plan.buffers[b.buffer]
+                    size = max(4, bp.byte_size) if bp.role != "uniform" else max(16, -(-bp.byte_size // 16) * 16)
+                    if offset + size > buf.size:
+                        raise ExecutionError(f"node {step.label}: kernel {plan.kernel} variant {plan.variant} pass "
+                                             f"{p.id}: {b.buffer} needs {size} bytes, its buffer holds "
+                                             f"{buf.size - offset}")
+                    entries.append((b.index, buf, offset, size))
+                bg = device.bind(compiled, entries, label=f"{step.label}/{p.id}",
+                                 kernel=plan.kernel, variant=plan.variant, pass_id=p.id)
+                stats.bind_groups_created += 1
+                step.dispatches.append(("dispatch", compiled, bg, tuple(int(d) for d in p.dispatch),
+                                        f"{step.label}/{p.id}"))
+    except BaseException:
+        for buf in created:
+            _destroy(buf)
+        raise
+    gplan.slots = slots
+    gplan.uniform = uniform
+    gplan.fold_buffers = fold_buffers
+    gplan.readback_layouts = {}
+    gplan.prepared = True
+
+
+def release_graph(gplan: GraphPlan) -> None:
+    """Free a plan's buffers (pooled, folded, uniform, staging); the pipelines stay cached."""
+    if not gplan.prepared:
+        return
+    for buf in list(gplan.slots or []) + list((gplan.fold_buffers or {}).values()) + [gplan.uniform, gplan.staging]:
+        if buf is not None:
+            _destroy(buf)
+    gplan.slots = gplan.uniform = gplan.staging = gplan.fold_buffers = None
+    gplan.staging_size = 0
+    for step in gplan.gpu_steps:
+        step.dispatches = None
+    gplan.prepared = False
+
+
+def _readback_layout(gplan: GraphPlan, wanted_roots: frozenset[str]) -> dict[int, list[tuple[str, int, int]]]:
+    """Per segment: the GPU-produced roots to copy into the staging buffer (those host nodes
+    read and the requested outputs), at which offsets. The staging buffer is reused by every
+    segment (each maps and unmaps it before the next records anything)."""
+    key = tuple(sorted(wanted_roots))
+    layout = gplan.readback_layouts.get(key) if gplan.readback_layouts is not None else None
+    if layout is not None:
+        return layout
+    layout = {}
+    for seg in gplan.segments:
+        offset = 0
+        entries = []
+        for step in seg.steps:
+            for root in step.outputs:
+                r = gplan.roots[root]
+                if r.on_host or root in wanted_roots:
+                    n = max(4, (r.nbytes + 3) // 4 * 4)
+                    entries.append((root, offset, n))
+                    offset += n
+        layout[seg.index] = entries
+    gplan.readback_layouts[key] = layout
+    return layout
+
+
+def run_graph(
+    device,
+    gplan: GraphPlan,
+    res: SessionResources,
+    feeds: Mapping[str, np.ndarray],
+    host_values: dict[str, Any],
+    run_host: Any,
+    wanted_roots: frozenset[str],
+) -> dict[str, Any]:
+    """Run a prepared plan. ``host_values`` starts with the feeds, initializers, constants and
+    folded values; host nodes' outputs and the values read back are added to it, and it is
+    returned. ``run_host(step, values) -> list of arrays`` runs one host node.
+
+    Costs: all feeds the GPU reads are written (``write_buffer``) before the first encoder;
+    each segment is ONE encoder and ONE submit, preceded by the uploads of the host values it
+    reads; a segment maps the persistent staging buffer once if anything it produces is read
+    (by a later host node, or as a requested output), each such value copied into the staging
+    buffer right after the node that produced it.
+    """
+    stats = res.stats
+    layout = _readback_layout(gplan, wanted_roots)
+    need = max((sum(n for _, _, n in entries) for entries in layout.values()), default=0)
+    if need > gplan.staging_size:
+        if gplan.staging is not None:
+            _destroy(gplan.staging)
+        gplan.staging = res.allocate(need, label="read-back staging", kind="staging")
+        gplan.staging_size = gplan.staging.size
+
+    def upload_root(name: str, arr: np.ndarray) -> None:
+        r = gplan.roots[name]
+        arr = np.asarray(arr)
+        data = pack_array(arr, r.onnx_type)
+        n = len(memoryview(data).cast("B"))
+        if r.shape is not None and tuple(arr.shape) != tuple(r.shape) or n > max(4, r.nbytes):
+            raise ExecutionError(f"value {name!r}: the plan expects {r.onnx_type} {list(r.shape or ())}, "
+                                 f"found {arr.dtype} {list(arr.shape)}")
+        res.upload(gplan.slots[gplan.slot_of[name]], data)
+
+    # every feed a GPU node reads, before the first encoder
+    for name, r in gplan.roots.items():
+        if r.origin == "feed" and r.on_device:
+            upload_root(name, feeds[name])
+    for step in gplan.schedule:
+        if isinstance(step, HostStep):
+            outs = run_host(step, host_values)
+            stats.host_nodes_run += 1
+            for name, value in zip(step.outputs, outs):
+                if name:
+                    host_values[name] = value
+            continue
+        seg: Segment = step
+        for name in seg.uploads:
+            upload_root(name, host_values[name])
+        entries = layout.get(seg.index, [])
+        offsets = {root: (off, n) for root, off, n in entries}
+        commands: list[tuple] = []
+        for gs in seg.steps:
+            commands.extend(gs.dispatches)
+            for root in gs.outputs:
+                if root in offsets:
+                    off, n = offsets[root]
+                    commands.append(("copy", gplan.slots[gplan.slot_of[root]], 0, gplan.staging, off, n))
+        total = sum(n for _, _, n in entries)
+        raw = device.submit(commands, read=gplan.staging if total else None, read_size=total or None,
+                            label=f"segment {seg.index}")
+        stats.submits += 1
+        if raw is None:
+            continue
+        stats.readbacks += 1
+        stats.bytes_read_back += total
+        mv = memoryview(raw)
+        for root, off, n in entries:
+            r = gplan.roots[root]
+            host_values[root] = unpack_array(mv[off:off + n], r.onnx_type, tuple(r.shape or ()))
+    return host_values

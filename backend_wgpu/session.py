@@ -1,20 +1,41 @@
-"""``Session``: run an ONNX model on the GPU, shaped like onnxruntime's ``InferenceSession``.
+"""``Session``: run a whole ONNX model on the GPU, shaped like onnxruntime's ``InferenceSession``.
 
-For now a Session runs models whose nodes all have a kernel spec (``templates/*.kernel.json``,
-e.g. DynamicQuantizeLinear); a node without one is an ``ExecutionError`` naming the node and
-its op (the graph executor generalises this). Per run:
+Construction (once per model):
 
-1. the feeds are checked (every graph input present, no unknown names, the model's dtype,
-   rank and fixed dims) before anything touches the device;
-2. shapes come from ``inference.infer_values(model, input_shapes from the feeds)``;
-3. each node is planned (``planner.plan_node``) once per binding of input shapes, and the
-   plans are cached; the executor caches each plan's buffers, pipelines and bind groups on
-   the device, so a second run of the same shapes compiles and allocates nothing;
-4. every node runs as one submit (``executor.run_plan``), in graph order.
+* every node gets a *placement*: a kernel spec that takes its op, attributes and element
+  types (``gpu``); a view of its input (``view``: Reshape, Flatten, Squeeze, Unsqueeze,
+  Identity, Dropout in inference mode); a Constant (evaluated once); or the host
+  (``onnx.reference``), for a node no kernel covers. Host nodes are named in a
+  :class:`~onnx_quant.errors.HostFallbackWarning`; ``allow_host_fallback=False`` refuses such a
+  model with an ExecutionError listing them;
+* initializers and Constant values are kept on the host and uploaded to the device once per
+  session, the first time a plan needs them.
+
+Per binding of input shapes (symbolic dims bound from the feeds; one *graph plan* per binding,
+cached, at most ``MAX_PLANS`` per session):
+
+* ``inference.infer_values`` fixes every dtype and shape; small integer values it computes
+  (``Shape``, ``Size`` and shape arithmetic on them) are folded into the plan; nodes no output
+  needs are dropped;
+* each GPU node is planned (``planner.plan_node``: variant, buffers, passes); a node whose
+  variants' ``when`` clauses all fail (or whose tensors exceed the device) runs on the host;
+* the schedule is cut into *segments* of GPU nodes (one encoder, one submit each) only where a
+  host node needs a value the open segment produces;
+* pooled device buffers are assigned by a greedy allocator over value lifetimes
+  (``executor.assign_buffers``), then allocated, compiled and bound once (``prepare_graph``).
+
+``run`` uploads the feeds, runs the schedule and reads back only what host nodes and the
+requested outputs need, through one persistent staging buffer per plan. docs/backend.md
+("Graph execution") has the details and the costs.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -22,11 +43,38 @@ import onnx
 from onnx import numpy_helper
 
 from backend_wgpu.device import GpuDevice, get_device
+from backend_wgpu.executor import (
+    GpuStep, GraphPlan, HostStep, Lifetime, RootValue, Segment, SessionResources, SessionStats,
+    assign_buffers, prepare_graph, release_graph, run_graph,
+)
+from backend_wgpu.packing import device_nbytes
 from onnx_quant.dtypes import element_type, type_name
-from onnx_quant.errors import ExecutionError, QuantError
+from onnx_quant.errors import ExecutionError, HostFallbackWarning, QuantError
 from onnx_quant.model_io import load_model
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
+
+#: ops that run as a view of their input's buffer (no kernel, no copy)
+VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
+
+#: ops whose integer outputs are folded into the plan when shape inference computed them
+#: (shape arithmetic: Shape -> Gather -> Concat -> Reshape and the like)
+FOLD_OPS = frozenset({
+    "Shape", "Size", "Gather", "Concat", "Slice", "Squeeze", "Unsqueeze", "Reshape", "Flatten",
+    "Identity", "Cast", "Add", "Sub", "Mul", "Max", "Min", "Neg", "Abs", "Range", "ConstantOfShape",
+    "Expand", "Split", "Transpose", "Tile", "Equal", "Less", "Greater", "Where", "Not", "And", "Or",
+    "ReduceProd", "ReduceSum", "ReduceMax", "ReduceMin",
+})
+_FOLD_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.BOOL})
+
+#: planner messages that mean "this kernel does not take this node" (its variants' ``when``
+#: clauses, declared ranks/shapes, type constraints, attribute values): such a node runs on
+#: the host; every other planning error (device limits, ...) is raised
+_KERNEL_REJECTS = ("no variant applies", "must have rank", "must have shape", "allows only", "has type",
+                   "is not supported by kernel", "value is not supported")
+
+#: graph plans (device buffers included) a session keeps; the least recently used is released
+MAX_PLANS = 16
 
 
 class _NodeArg:
@@ -87,6 +135,60 @@ def node_label(node: onnx.NodeProto, index: int) -> str:
     return node.name or f"{node.op_type}_{index}"
 
 
+def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
+    """Outer-scope names the node's subgraphs (If/Loop/Scan bodies) read."""
+    names: set[str] = set()
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            names |= _free_names(a.g)
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            for g in a.graphs:
+                names |= _free_names(g)
+    return names
+
+
+def _free_names(graph: onnx.GraphProto) -> set[str]:
+    defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    defined |= {s.values.name for s in graph.sparse_initializer}
+    free: set[str] = set()
+    for n in graph.node:
+        free |= {i for i in n.input if i and i not in defined}
+        free |= {i for i in _subgraph_reads(n) if i not in defined}
+        defined |= {o for o in n.output if o}
+    return free
+
+
+def _onnx_type(code: int) -> str | None:
+    """The element type name of a TensorProto code, or None when the backend has no such type."""
+    if not code:
+        return None
+    try:
+        return element_type(code).name
+    except QuantError:
+        return None
+
+
+def _concrete(shape: Any) -> tuple[int, ...] | None:
+    if shape is None or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        return None
+    return tuple(int(d) for d in shape)
+
+
+@dataclass
+class _NodeInfo:
+    """A node and what construction decided about it."""
+
+    index: int
+    label: str
+    node: onnx.NodeProto
+    domain: str
+    version: int
+    spec: Any                 # the KernelSpec that takes the node, or None
+    kind: str                 # "gpu" | "host" | "view" | "const"
+    reason: str               # why not "gpu" (empty for gpu nodes)
+    implicit: tuple[str, ...]  # outer-scope names its subgraphs read
+
+
 class Session:
     """Run a model on a wgpu device.
 
@@ -95,6 +197,14 @@ class Session:
     ``tunables``: ``{name: int}`` for every kernel that has the tunable, or
     ``{node name or op type: {name: int}}``. ``variants``: ``{node name or op type: variant id}``
     forces a variant (an ExecutionError when its ``when`` clauses do not hold).
+    ``allow_host_fallback``: run nodes no kernel covers on the host (onnx.reference; a
+    HostFallbackWarning names them), or refuse the model (False: ExecutionError listing them).
+    ``specs``: a ``SpecRegistry`` or a folder of ``*.kernel.json`` (default: the installed
+    templates).
+
+    ``stats`` (:class:`~backend_wgpu.executor.SessionStats`) counts what the session did:
+    plans, pipelines compiled, buffers allocated, bind groups, submits, read-backs, bytes
+    uploaded and read back, host nodes run, runs.
     """
 
     def __init__(
@@ -104,35 +214,311 @@ class Session:
         adapter: int | str | None = None,
         tunables: Mapping[str, Any] | None = None,
         variants: Mapping[str, str] | None = None,
-        device: GpuDevice | None = None,
+        allow_host_fallback: bool = True,
         limits: str | Mapping[str, int] | None = None,
+        device: GpuDevice | None = None,
+        specs: Any = None,
     ) -> None:
-        self.model = load_model(model_or_path)
+        is_path = isinstance(model_or_path, (str, os.PathLike)) and not isinstance(model_or_path, bytes)
+        self.model = load_model(model_or_path, load_external_data=is_path) if is_path else load_model(model_or_path)
         graph = self.model.graph
+        self.allow_host_fallback = bool(allow_host_fallback)
         self._opsets = {(imp.domain or ""): imp.version for imp in self.model.opset_import}
-        specs = _specs()
-        self._initializers = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+        self._specs = self._registry(specs)
+        try:
+            self._initializers = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+        except Exception as e:
+            raise ExecutionError(f"cannot read the model's initializers: {type(e).__name__}: {e}") from None
         self._inputs = [vi for vi in graph.input if vi.name not in self._initializers]
         self._outputs = [vi.name for vi in graph.output]
-        self._nodes: list[tuple[str, onnx.NodeProto, Any]] = []
-        for i, node in enumerate(graph.node):
-            label = node_label(node, i)
-            domain = node.domain or ""
-            version = self._opsets.get(domain, self._opsets.get("ai.onnx" if domain == "" else domain))
-            if version is None:
-                raise ExecutionError(f"node {label!r} ({node.op_type}): the model imports no opset for domain "
-                                     f"{domain or 'ai.onnx'!r}")
-            spec = specs.find(domain, node.op_type, version)
-            if spec is None:
-                known = ", ".join(f"{d or 'ai.onnx'}::{op}" for d, op in specs.ops()) or "none"
-                raise ExecutionError(f"node {label!r}: op {domain + '::' if domain else ''}{node.op_type} "
-                                     f"(opset {version}) has no GPU kernel yet (kernels: {known})")
-            self._nodes.append((label, node, spec))
         self._tunables = dict(tunables or {})
         self._variants = dict(variants or {})
+        try:
+            from inference import infer_values  # noqa: PLC0415
+
+            self._static_values = infer_values(self.model, None, strict=False)
+        except QuantError as e:
+            raise ExecutionError(f"shape inference of the model failed: {e}") from None
+        self._nodes = [self._classify(i, node) for i, node in enumerate(graph.node)]
         self._check_overrides()
+        self._constants: dict[str, np.ndarray] = {}
+        self._evaluators: dict[int, Any] = {}
+        self._plan_elem: dict[str, int] = {}
+        for info in self._nodes:
+            if info.kind == "const":
+                self._eval_constant(info)
+        # nodes that may fold (shape arithmetic) are only reported when a plan cannot fold them;
+        # nodes no graph output can depend on never run
+        live = self._static_live()
+        static_host = [i for i in self._nodes if i.kind == "host" and i.index in live and not self._may_fold(i)]
+        if static_host and not self.allow_host_fallback:
+            raise ExecutionError(
+                f"{len(static_host)} node(s) have no GPU kernel and allow_host_fallback is False: "
+                + "; ".join(f"node {i.label!r} ({self._op_name(i)}): {i.reason}" for i in static_host))
+        for info in static_host:
+            self._evaluator(info)  # a node onnx.reference cannot run either is refused now
+        #: node index -> why it runs on the host: construction's view until the first plan, then
+        #: every node some plan made so far placed on the host
+        self._host_labels: dict[int, str] = {i.index: i.reason for i in static_host}
+        self._planned_host = False
+        if static_host:
+            warnings.warn(self._fallback_text(static_host, {i.index: i.reason for i in static_host}),
+                          HostFallbackWarning, stacklevel=2)
         self.device = device if device is not None else get_device(adapter, limits=limits)
-        self._plans: dict[tuple, list[Any]] = {}
+        self.stats = SessionStats()
+        self._resources = SessionResources(self.device, self.stats)
+        self._plans: "OrderedDict[tuple, GraphPlan]" = OrderedDict()
+
+    # -- construction ------------------------------------------------------------------------
+
+    @staticmethod
+    def _registry(specs: Any):
+        if specs is None:
+            return _specs()
+        if isinstance(specs, (str, os.PathLike)):
+            from backend_wgpu.spec import load_specs  # noqa: PLC0415
+
+            return load_specs(specs)
+        return specs
+
+    def _static_live(self) -> set[int]:
+        """Nodes some graph output may depend on, whatever the shapes (all inputs count)."""
+        needed = set(self._outputs)
+        live: set[int] = set()
+        for info in reversed(self._nodes):
+            if any(o in needed for o in info.node.output if o):
+                live.add(info.index)
+                needed |= {i for i in info.node.input if i} | set(info.implicit)
+        return live
+
+    def _fallback_text(self, infos: Sequence[_NodeInfo], reasons: Mapping[int, str], prefix: str = "") -> str:
+        """One warning line: the host nodes grouped by op and reason, a few names each."""
+        groups: dict[tuple[str, str], list[str]] = {}
+        for i in infos:
+            groups.setdefault((self._op_name(i), reasons.get(i.index, "")), []).append(i.label)
+        parts = []
+        for (op, why), labels in groups.items():
+            shown = ", ".join(labels[:3]) + (f" and {len(labels) - 3} more" if len(labels) > 3 else "")
+            parts.append(f"{op} x{len(labels)} ({shown}): {why}" if len(labels) > 1 else f"{shown} ({op}): {why}")
+        return (f"{prefix}{len(infos)} node(s) run on the host (onnx.reference); each GPU segment they "
+                f"separate costs a submit and a read-back: " + "; ".join(parts))
+
+    @staticmethod
+    def _op_text(domain: str, op_type: str) -> str:
+        return f"{domain}::{op_type}" if domain not in DEFAULT_DOMAINS else op_type
+
+    @staticmethod
+    def _op_name(info: _NodeInfo) -> str:
+        return f"{info.domain}::{info.node.op_type}" if info.domain not in DEFAULT_DOMAINS else info.node.op_type
+
+    def _elem(self, name: str) -> int:
+        info = self._static_values.get(name)
+        return info.elem_type if info is not None else 0
+
+    def _classify(self, index: int, node: onnx.NodeProto) -> _NodeInfo:
+        label = node_label(node, index)
+        domain = node.domain or ""
+        version = self._opsets.get(domain, self._opsets.get("ai.onnx" if domain == "" else domain))
+        if version is None:
+            raise ExecutionError(f"node {label!r} ({node.op_type}): the model imports no opset for domain "
+                                 f"{domain or 'ai.onnx'!r}")
+        self._check_attribute_names(label, node, domain, version)
+        implicit = tuple(sorted(_subgraph_reads(node)))
+        spec = self._specs.find(domain, node.op_type, version)
+        reason = "" if spec is None else self._spec_rejects(spec, node)
+        if spec is None:
+            reason = f"no GPU kernel for {self._op_text(domain, node.op_type)} at opset {version}"
+        if domain in DEFAULT_DOMAINS and node.op_type == "Constant":
+            return _NodeInfo(index, label, node, domain, version, None, "const", "a constant", implicit)
+        if domain in DEFAULT_DOMAINS and node.op_type in VIEW_OPS:
+            why = self._static_view_rejects(node)
+            if why is None:
+                return _NodeInfo(index, label, node, domain, version, None if reason else spec, "view",
+                                 reason, implicit)
+            if reason:
+                reason = f"{why}; {reason}"
+        if reason:
+            return _NodeInfo(index, label, node, domain, version, None, "host", reason, implicit)
+        return _NodeInfo(index, label, node, domain, version, spec, "gpu", "", implicit)
+
+    @staticmethod
+    def _check_attribute_names(label: str, node: onnx.NodeProto, domain: str, version: int) -> None:
+        """An attribute the operator does not have (per onnx.defs) makes the model invalid."""
+        try:
+            schema = onnx.defs.get_schema(node.op_type, version, domain)
+        except Exception:
+            return  # an op onnx does not know (custom domain): nothing to check against
+        for a in node.attribute:
+            if a.name not in schema.attributes:
+                raise ExecutionError(f"node {label!r} ({node.op_type}): attribute {a.name!r} is not an attribute of "
+                                     f"{node.op_type}-{schema.since_version} (attributes: "
+                                     f"{', '.join(sorted(schema.attributes)) or 'none'})")
+
+    def _spec_rejects(self, spec, node: onnx.NodeProto) -> str:
+        """Why the kernel cannot take this node whatever the shapes ('' if it can)."""
+        inputs = list(node.input)
+        outputs = list(node.output)
+        if len(inputs) > len(spec.inputs):
+            return f"the node has {len(inputs)} inputs, kernel {spec.name} takes {len(spec.inputs)}"
+        if len(outputs) > len(spec.outputs):
+            return f"the node has {len(outputs)} outputs, kernel {spec.name} writes {len(spec.outputs)}"
+        for i, (sname, decl) in enumerate(spec.inputs.items()):
+            vname = inputs[i] if i < len(inputs) else ""
+            if not vname and not decl.optional:
+                return f"kernel {spec.name} needs input {sname!r}, the node leaves it out"
+        for i, sname in enumerate(spec.outputs):
+            if i >= len(outputs) or not outputs[i]:
+                return f"kernel {spec.name} writes output {sname!r}, the node leaves it out"
+        for a in node.attribute:
+            if a.name not in spec.attributes:
+                return f"kernel {spec.name} does not understand attribute {a.name!r}"
+        bound: dict[str, tuple[str, str]] = {}
+        for names, decls in ((inputs, spec.inputs), (outputs, spec.outputs)):
+            for i, (sname, decl) in enumerate(decls.items()):
+                vname = names[i] if i < len(names) else ""
+                if not vname:
+                    continue
+                code = self._elem(vname)
+                if not code:
+                    continue  # decided per plan
+                dt = _onnx_type(code)
+                allowed = spec.type_constraints[decl.dtype]
+                if dt is None or dt not in allowed:
+                    return (f"kernel {spec.name}: {sname!r} is {type_name(code)}, {decl.dtype} allows only "
+                            f"{', '.join(allowed)}")
+                if decl.dtype in bound and bound[decl.dtype][0] != dt:
+                    return (f"kernel {spec.name}: {sname!r} is {dt} but {bound[decl.dtype][1]!r} is "
+                            f"{bound[decl.dtype][0]} (both {decl.dtype})")
+                bound.setdefault(decl.dtype, (dt, sname))
+        return ""
+
+    def _static_view_rejects(self, node: onnx.NodeProto) -> str | None:
+        """Why a view op cannot be a view whatever the shapes (None if it may be one)."""
+        if not node.input or not node.input[0] or not node.output or not node.output[0]:
+            return "no data input or output"
+        if node.op_type == "Dropout":
+            if len(node.output) > 1 and node.output[1]:
+                return "Dropout's mask output is used"
+            if len(node.input) > 2 and node.input[2]:
+                mode = self._initializers.get(node.input[2])
+                if mode is None:
+                    info = self._static_values.get(node.input[2])
+                    mode = None if info is None else info.value
+                if mode is None or np.asarray(mode).dtype.kind == "O" or bool(np.asarray(mode).reshape(-1)[0]):
+                    return "Dropout may run in training mode"
+            if any(a.name == "is_test" and a.i == 0 for a in node.attribute):
+                return "Dropout runs in training mode (is_test=0)"
+        return None
+
+    def _check_overrides(self) -> None:
+        names = {i.label for i in self._nodes} | {i.node.op_type for i in self._nodes}
+        by_key: dict[str, list[_NodeInfo]] = {}
+        for i in self._nodes:
+            by_key.setdefault(i.label, []).append(i)
+            by_key.setdefault(i.node.op_type, []).append(i)
+        for key in self._variants:
+            if key not in names:
+                raise ExecutionError(f"variants: {key!r} is neither a node name nor an op type of this model "
+                                     f"(nodes/ops: {', '.join(sorted(names))})")
+            nokernel = [i.label for i in by_key[key] if i.spec is None]
+            if nokernel:
+                raise ExecutionError(f"variants: {key!r}: node(s) {nokernel} have no GPU kernel to force a variant of")
+        global_tun = {k: v for k, v in self._tunables.items() if not isinstance(v, Mapping)}
+        for key, v in self._tunables.items():
+            if not isinstance(v, Mapping):
+                continue
+            if key not in names:
+                raise ExecutionError(f"tunables: {key!r} is neither a node name nor an op type of this model")
+            for i in by_key[key]:
+                if i.spec is None:
+                    raise ExecutionError(f"tunables: {key!r}: node {i.label!r} has no GPU kernel")
+                unknown = sorted(set(v) - set(i.spec.tunables))
+                if unknown:
+                    raise ExecutionError(f"tunables for {key!r}: kernel {i.spec.name} has no tunables {unknown} "
+                                         f"(known: {sorted(i.spec.tunables)})")
+        known = {t for i in self._nodes if i.spec is not None for t in i.spec.tunables}
+        unknown = sorted(set(global_tun) - known)
+        if unknown and any(i.spec is not None for i in self._nodes):
+            raise ExecutionError(f"tunables {unknown}: no kernel of this model has them (known: {sorted(known)})")
+        for key, v in global_tun.items():
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise ExecutionError(f"tunables: {key} must be an int, found {type(v).__name__} {v!r}")
+
+    def _node_overrides(self, info: _NodeInfo) -> tuple[dict[str, int], str | None]:
+        spec = info.spec
+        tun = {k: v for k, v in self._tunables.items() if not isinstance(v, Mapping) and k in spec.tunables}
+        for key in (info.node.op_type, info.label):
+            v = self._tunables.get(key)
+            if isinstance(v, Mapping):
+                tun.update(v)
+        variant = self._variants.get(info.label, self._variants.get(info.node.op_type))
+        return tun, variant
+
+    # -- host nodes --------------------------------------------------------------------------
+
+    def _evaluator(self, info: _NodeInfo):
+        """onnx.reference's evaluator of a one-node model holding this node (cached)."""
+        ev = self._evaluators.get(info.index)
+        if ev is not None:
+            return ev
+        from onnx.reference import ReferenceEvaluator  # noqa: PLC0415
+
+        node = info.node
+        inputs = [n for n in dict.fromkeys(list(node.input) + list(info.implicit)) if n]
+        graph = onnx.helper.make_graph(
+            [node], f"host_{info.label}",
+            [onnx.ValueInfoProto(name=n) for n in inputs],
+            [onnx.ValueInfoProto(name=n) for n in node.output if n])
+        one = onnx.helper.make_model(graph, opset_imports=list(self.model.opset_import),
+                                     ir_version=self.model.ir_version, functions=list(self.model.functions))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ev = ReferenceEvaluator(one)
+        except Exception as e:
+            raise ExecutionError(f"node {info.label!r} ({self._op_name(info)}): {info.reason or 'no GPU kernel'}, and "
+                                 f"onnx.reference cannot run it on the host either: {type(e).__name__}: "
+                                 f"{str(e).splitlines()[0] if str(e) else ''}") from None
+        self._evaluators[info.index] = (ev, inputs)
+        return self._evaluators[info.index]
+
+    def _eval_constant(self, info: _NodeInfo) -> None:
+        ev, _ = self._evaluator(info)
+        try:
+            outs = ev.run(None, {})
+        except Exception as e:
+            raise ExecutionError(f"node {info.label!r} (Constant): cannot evaluate: {type(e).__name__}: {e}") from None
+        for name, value in zip([o for o in info.node.output if o], outs):
+            self._constants[name] = self._as_onnx_dtype(name, value, self._elem(name))
+
+    @staticmethod
+    def _as_onnx_dtype(name: str, value: Any, code: int) -> Any:
+        if not isinstance(value, np.ndarray) and not np.isscalar(value):
+            return value  # sequences, optionals, maps: host-only values
+        arr = np.asarray(value)
+        t = _onnx_type(code)
+        if t is not None and arr.dtype != element_type(t).dtype:
+            arr = arr.astype(element_type(t).dtype)
+        return arr
+
+    def _run_host(self, step: HostStep, values: dict[str, Any]) -> list[Any]:
+        info = self._nodes[step.index]
+        ev, names = self._evaluator(info)
+        feeds = {}
+        for name, root, shape in step.inputs:
+            v = values[root]
+            if shape is not None and isinstance(v, np.ndarray) and tuple(v.shape) != shape:
+                v = v.reshape(shape)
+            feeds[name] = v
+        try:
+            with warnings.catch_warnings(), np.errstate(all="ignore"):
+                warnings.simplefilter("ignore")
+                outs = ev.run(None, feeds)
+        except Exception as e:
+            raise ExecutionError(f"node {step.label!r} ({step.op_type}) failed on the host (onnx.reference): "
+                                 f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        names_out = [o for o in info.node.output if o]
+        return [self._as_onnx_dtype(n, v, self._plan_elem.get(n) or self._elem(n)) for n, v in zip(names_out, outs)]
 
     # -- onnxruntime-like surface ------------------------------------------------------------
 
@@ -151,31 +537,17 @@ class Session:
     def output_names(self) -> list[str]:
         return list(self._outputs)
 
-    # -- overrides ---------------------------------------------------------------------------
+    @property
+    def host_nodes(self) -> list[str]:
+        """``"name (op)"`` of every node placed on the host: those no kernel covers, and those
+        a plan made so far sent there (e.g. no variant's ``when`` held for its shapes)."""
+        return [f"{i.label} ({self._op_name(i)})" for i in self._nodes if i.index in self._host_labels]
 
-    def _check_overrides(self) -> None:
-        names = {label for label, _, _ in self._nodes} | {n.op_type for _, n, _ in self._nodes}
-        for key in self._variants:
-            if key not in names:
-                raise ExecutionError(f"variants: {key!r} is neither a node name nor an op type of this model "
-                                     f"(nodes/ops: {', '.join(sorted(names))})")
-        global_tun = {k: v for k, v in self._tunables.items() if not isinstance(v, Mapping)}
-        for key, v in self._tunables.items():
-            if isinstance(v, Mapping) and key not in names:
-                raise ExecutionError(f"tunables: {key!r} is neither a node name nor an op type of this model")
-        known = {t for _, _, spec in self._nodes for t in spec.tunables}
-        unknown = sorted(set(global_tun) - known)
-        if unknown and self._nodes:
-            raise ExecutionError(f"tunables {unknown}: no kernel of this model has them (known: {sorted(known)})")
-
-    def _node_overrides(self, label: str, node: onnx.NodeProto, spec) -> tuple[dict[str, int], str | None]:
-        tun = {k: v for k, v in self._tunables.items() if not isinstance(v, Mapping) and k in spec.tunables}
-        for key in (node.op_type, label):
-            v = self._tunables.get(key)
-            if isinstance(v, Mapping):
-                tun.update(v)
-        variant = self._variants.get(label, self._variants.get(node.op_type))
-        return tun, variant
+    @property
+    def host_node_reasons(self) -> dict[str, str]:
+        """``host_nodes`` with why each runs on the host."""
+        return {f"{i.label} ({self._op_name(i)})": self._host_labels[i.index] for i in self._nodes
+                if i.index in self._host_labels}
 
     # -- feeds and shapes --------------------------------------------------------------------
 
@@ -185,8 +557,11 @@ class Session:
         expected = {vi.name: vi for vi in self._inputs}
         unknown = sorted(set(feeds) - set(expected))
         if unknown:
-            raise ExecutionError(f"feeds {unknown}: not inputs of the model (inputs: {sorted(expected)})")
+            inits = [n for n in unknown if n in self._initializers]
+            extra = f"; {inits} are initializers, which this backend does not let feeds override" if inits else ""
+            raise ExecutionError(f"feeds {unknown}: not inputs of the model (inputs: {sorted(expected)}){extra}")
         arrays: dict[str, np.ndarray] = {}
+        symbols: dict[str, tuple[int, str, int]] = {}
         for name, vi in expected.items():
             if name not in feeds:
                 raise ExecutionError(f"input {name!r} is missing from the feeds")
@@ -208,98 +583,410 @@ class Session:
                     if isinstance(d, int) and d != n:
                         raise ExecutionError(f"input {name!r}: dim {axis} must be {d}, found {n} "
                                              f"(shape {list(arr.shape)})")
+                    if isinstance(d, str):
+                        seen = symbols.get(d)
+                        if seen is not None and seen[0] != n:
+                            where = (f"input {seen[1]!r} dim {seen[2]}" if seen[1] != name else f"dim {seen[2]}")
+                            raise ExecutionError(f"input {name!r}: dim {axis} is {d!r} = {n}, but {where} binds "
+                                                 f"{d!r} = {seen[0]} (shape {list(arr.shape)})")
+                        symbols.setdefault(d, (n, name, axis))
             arrays[name] = arr
         return arrays
 
-    def _plans_for(self, shapes: Mapping[str, tuple[int, ...]]) -> list[Any]:
-        key = tuple(sorted((k, tuple(v)) for k, v in shapes.items()))
-        plans = self._plans.get(key)
-        if plans is None:
-            plans = self._make_plans(shapes)
-            self._plans[key] = plans
-        return plans
+    def _plan_for(self, shapes: Mapping[str, tuple[int, ...]]) -> GraphPlan:
+        key = tuple(sorted((k, tuple(int(d) for d in v)) for k, v in shapes.items()))
+        gplan = self._plans.get(key)
+        if gplan is None:
+            gplan = self._build_plan(key, dict(key))
+            self._plans[key] = gplan
+            self.stats.plans += 1
+            while len(self._plans) > MAX_PLANS:
+                _, old = self._plans.popitem(last=False)
+                release_graph(old)
+        else:
+            self._plans.move_to_end(key)
+        return gplan
 
-    def _make_plans(self, shapes: Mapping[str, tuple[int, ...]]) -> list[Any]:
+    # -- planning ----------------------------------------------------------------------------
+
+    def _may_fold(self, info: _NodeInfo) -> bool:
+        """Whether plans may compute the node's outputs by shape inference (small integers)."""
+        outs = [o for o in info.node.output if o]
+        return (info.domain in DEFAULT_DOMAINS and info.node.op_type in FOLD_OPS and bool(outs)
+                and all(self._elem(o) in _FOLD_TYPES for o in outs))
+
+    def _fold(self, info: _NodeInfo, values: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
+        """The node's outputs, when shape inference computed them as small integer constants."""
+        node = info.node
+        if info.domain not in DEFAULT_DOMAINS or node.op_type not in FOLD_OPS:
+            return None
+        outs = [o for o in node.output if o]
+        if not outs:
+            return None
+        folded = {}
+        for o in outs:
+            v = values.get(o)
+            if v is None or v.elem_type not in _FOLD_TYPES or v.value is None:
+                if node.op_type in ("Shape", "Size") and v is not None:
+                    computed = self._shape_value(node, values)
+                    if computed is not None:
+                        folded[o] = computed
+                        continue
+                return None
+            arr = np.asarray(v.value)
+            if arr.dtype.kind == "O" or _concrete(v.shape) is None or tuple(arr.shape) != _concrete(v.shape):
+                return None
+            folded[o] = arr.astype(element_type(v.elem_type).dtype)
+        return folded
+
+    @staticmethod
+    def _shape_value(node: onnx.NodeProto, values: Mapping[str, Any]) -> np.ndarray | None:
+        src = values.get(node.input[0]) if node.input else None
+        shape = _concrete(None if src is None else src.shape)
+        if shape is None:
+            return None
+        if node.op_type == "Size":
+            return np.array(math.prod(shape), dtype=np.int64)
+        attrs = _attributes(node)
+        r = len(shape)
+        start, end = int(attrs.get("start", 0)), attrs.get("end")
+        end = r if end is None else int(end)
+        start, end = (start + r if start < 0 else start), (end + r if end < 0 else end)
+        start, end = min(max(start, 0), r), min(max(end, 0), r)
+        return np.array(shape[start:end], dtype=np.int64)
+
+    def _view_rejects(self, info: _NodeInfo, values: Mapping[str, Any]) -> str | None:
+        src, dst = values.get(info.node.input[0]), values.get(info.node.output[0])
+        if src is None or dst is None or not src.elem_type or src.elem_type != dst.elem_type:
+            return "input and output element types differ or are unknown"
+        s_in, s_out = _concrete(src.shape), _concrete(dst.shape)
+        if s_in is None or s_out is None:
+            return "shapes are not known for these input shapes"
+        if math.prod(s_in) != math.prod(s_out):
+            return f"{list(s_in)} and {list(s_out)} hold different numbers of elements"
+        if _onnx_type(src.elem_type) is None:
+            return f"element type {type_name(src.elem_type)} has no device layout"
+        return None
+
+    def _plan_gpu(self, info: _NodeInfo, values: Mapping[str, Any]):
+        """(NodePlan, '') or (None, why it runs on the host)."""
         from backend_wgpu.planner import plan_node  # noqa: PLC0415
+
+        spec, node = info.spec, info.node
+        io_shapes: dict[str, tuple[int, ...]] = {}
+        io_types: dict[str, str] = {}
+        for spec_names, value_names in ((list(spec.inputs), list(node.input)), (list(spec.outputs), list(node.output))):
+            for i, sname in enumerate(spec_names):
+                vname = value_names[i] if i < len(value_names) else ""
+                if not vname:
+                    continue  # an absent optional input (checked at construction)
+                v = values.get(vname)
+                shape = _concrete(None if v is None else v.shape)
+                t = None if v is None else _onnx_type(v.elem_type)
+                if shape is None or t is None:
+                    return None, (f"the {'type' if t is None else 'shape'} of {vname!r} is not known for these "
+                                  f"input shapes ({None if v is None else v.shape})")
+                io_shapes[sname] = shape
+                io_types[sname] = t
+        tun, variant = self._node_overrides(info)
+        try:
+            plan = plan_node(spec, shapes=io_shapes, dtypes=io_types, device=self.device.info,
+                             tunables=tun, variant=variant, node_label=info.label, attributes=_attributes(node))
+        except ExecutionError as e:
+            if variant is not None or not any(m in str(e) for m in _KERNEL_REJECTS):
+                # a forced variant that does not apply is the caller's error; a tensor beyond the
+                # device's limits (or a uniform value out of range) is refused, not sent to the host
+                raise
+            return None, str(e)
+        return plan, ""
+
+    def _build_plan(self, key: tuple, shapes: Mapping[str, tuple[int, ...]]) -> GraphPlan:
         from inference import infer_values  # noqa: PLC0415
 
         try:
             values = infer_values(self.model, {k: list(v) for k, v in shapes.items()}, strict=False)
         except QuantError as e:
             raise ExecutionError(f"shape inference for input shapes {dict(shapes)} failed: {e}") from None
-        plans = []
-        for label, node, spec in self._nodes:
-            io_shapes: dict[str, tuple[int, ...]] = {}
-            io_types: dict[str, str] = {}
-            for spec_names, value_names in ((list(spec.inputs), list(node.input)), (list(spec.outputs), list(node.output))):
-                for i, sname in enumerate(spec_names):
-                    vname = value_names[i] if i < len(value_names) else ""
-                    if not vname:
-                        if sname in spec.inputs and getattr(spec.inputs[sname], "optional", False):
-                            continue  # an absent optional input: the planner binds a zero stand-in
-                        raise ExecutionError(f"node {label!r} ({node.op_type}): {sname!r} is not connected")
-                    info = values.get(vname)
-                    if info is None or info.shape is None or not all(isinstance(d, int) for d in info.shape):
-                        raise ExecutionError(f"node {label!r} ({node.op_type}): shape of {vname!r} is not known "
-                                             f"({None if info is None else info.shape})")
-                    io_shapes[sname] = tuple(int(d) for d in info.shape)
-                    io_types[sname] = type_name(info.elem_type)
-            tun, variant = self._node_overrides(label, node, spec)
-            plan = plan_node(spec, shapes=io_shapes, dtypes=io_types, device=self.device.info,
-                             tunables=tun, variant=variant, node_label=label,
-                             attributes=_attributes(node))
-            plans.append(plan)
-        return plans
+        self._plan_elem = {n: v.elem_type for n, v in values.items()}
+        graph = self.model.graph
+        kinds: dict[int, str] = {}
+        reasons: dict[int, str] = {}
+        folded_by_node: dict[int, dict[str, np.ndarray]] = {}
+        for info in self._nodes:
+            if info.kind == "const":
+                kinds[info.index] = "const"
+                continue
+            fv = self._fold(info, values)
+            if fv is not None:
+                kinds[info.index] = "fold"
+                folded_by_node[info.index] = fv
+                continue
+            if info.kind == "view":
+                why = self._view_rejects(info, values)
+                if why is None:
+                    kinds[info.index] = "view"
+                    continue
+                kinds[info.index] = "gpu" if info.spec is not None else "host"
+                reasons[info.index] = why if info.spec is not None else f"not a view: {why}; {info.reason}"
+                continue
+            kinds[info.index] = info.kind
+            reasons[info.index] = info.reason
+
+        # liveness: only nodes some graph output depends on run
+        needed_values = set(self._outputs)
+        live: set[int] = set()
+        for info in reversed(self._nodes):
+            if not any(o in needed_values for o in info.node.output if o):
+                continue
+            live.add(info.index)
+            k = kinds[info.index]
+            if k in ("const", "fold"):
+                continue
+            if k == "view":
+                needed_values.add(info.node.input[0])
+                continue
+            needed_values |= {i for i in info.node.input if i} | set(info.implicit)
+
+        folded = {k: v for i, fv in folded_by_node.items() if i in live for k, v in fv.items()}
+
+        # plan the GPU nodes (a node no variant takes goes to the host)
+        plans: dict[int, Any] = {}
+        new_host: list[_NodeInfo] = []
+        for info in self._nodes:
+            if info.index not in live:
+                continue
+            if kinds[info.index] == "host" and info.index not in self._host_labels:
+                new_host.append(info)  # e.g. a shape computation inference could not fold
+                continue
+            if kinds[info.index] != "gpu":
+                continue
+            plan, why = self._plan_gpu(info, values)
+            if plan is None:
+                kinds[info.index] = "host"
+                reasons[info.index] = why
+                new_host.append(info)
+            else:
+                plans[info.index] = plan
+        if new_host:
+            if not self.allow_host_fallback:
+                raise ExecutionError(
+                    f"input shapes {dict(shapes)}: {len(new_host)} node(s) cannot run on the GPU and "
+                    f"allow_host_fallback is False: "
+                    + "; ".join(f"node {i.label!r} ({self._op_name(i)}): {reasons[i.index]}" for i in new_host))
+            for info in new_host:
+                self._evaluator(info)
+            warnings.warn(self._fallback_text(new_host, reasons, f"input shapes {dict(shapes)}: "),
+                          HostFallbackWarning, stacklevel=4)
+        if not self._planned_host:  # from now on: what the plans placed on the host
+            self._host_labels = {}
+            self._planned_host = True
+        for info in self._nodes:
+            if info.index in live and kinds[info.index] == "host":
+                self._evaluator(info)
+                self._host_labels.setdefault(info.index, reasons.get(info.index, info.reason))
+
+        # roots and aliases
+        roots: dict[str, RootValue] = {}
+
+        def add_root(name: str, origin: str) -> None:
+            v = values.get(name)
+            code = v.elem_type if v is not None else 0
+            shape = _concrete(None if v is None else v.shape)
+            t = _onnx_type(code)
+            nbytes = device_nbytes(t, math.prod(shape)) if (t is not None and shape is not None) else 0
+            roots[name] = RootValue(name, t, shape, origin, nbytes)
+
+        for vi in self._inputs:
+            add_root(vi.name, "feed")
+        for name in self._initializers:
+            add_root(name, "init")
+        alias: dict[str, tuple[str, tuple[int, ...] | None]] = {n: (n, roots[n].shape) for n in roots}
+        for info in self._nodes:
+            if info.index not in live:
+                continue
+            k = kinds[info.index]
+            outs = [o for o in info.node.output if o]
+            if k == "view":
+                src = alias.get(info.node.input[0])
+                if src is None:
+                    raise ExecutionError(f"node {info.label!r}: input {info.node.input[0]!r} has no value")
+                alias[outs[0]] = (src[0], _concrete(values[outs[0]].shape))
+                continue
+            origin = {"const": "const", "fold": "fold", "gpu": "gpu", "host": "host"}[k]
+            for o in outs:
+                add_root(o, origin)
+                alias[o] = (o, roots[o].shape)
+        for name in self._outputs:
+            if name not in alias:
+                raise ExecutionError(f"graph output {name!r} is produced by no node and is not an input")
+
+        def root_of(name: str) -> str:
+            if name not in alias:
+                raise ExecutionError(f"value {name!r} is read before any node produces it")
+            return alias[name][0]
+
+        # the schedule: segments of GPU nodes, cut where a host node needs what the open one produces
+        schedule: list[Any] = []
+        open_steps: list[GpuStep] = []
+        open_produced: set[str] = set()
+        pos = 0
+        seg_index = 0
+        uniform_regions: list[tuple[int, bytes]] = []
+        uniform_size = 0
+        ualign = int(self.device.info.limits.get("minUniformBufferOffsetAlignment", 256)) or 256
+
+        def flush() -> None:
+            nonlocal open_steps, open_produced, seg_index
+            if open_steps:
+                schedule.append(Segment(seg_index, open_steps, []))
+                for st in open_steps:
+                    for r in st.outputs:
+                        roots[r].segment = seg_index
+                seg_index += 1
+            open_steps, open_produced = [], set()
+
+        for info in self._nodes:
+            if info.index not in live:
+                continue
+            k = kinds[info.index]
+            node = info.node
+            if k == "gpu":
+                plan = plans[info.index]
+                spec = info.spec
+                where: dict[str, tuple] = {}
+                absent = 0
+                for bname, bp in plan.buffers.items():
+                    if bp.role == "input":
+                        i = list(spec.inputs).index(bname)
+                        r = root_of(node.input[i])
+                        roots[r].on_device = True
+                        where[bname] = ("value", r)
+                    elif bp.role == "output":
+                        i = list(spec.outputs).index(bname)
+                        where[bname] = ("value", node.output[i])
+                    elif bp.role == "intermediate":
+                        where[bname] = ("scratch", (info.index, bname))
+                    elif bp.role == "absent":
+                        where[bname] = ("absent", absent)
+                        absent += 1
+                    elif bp.role == "uniform":
+                        size = max(16, -(-bp.byte_size // 16) * 16)
+                        offset = -(-uniform_size // ualign) * ualign
+                        data = bytes(bp.data or b"")
+                        uniform_regions.append((offset, data + b"\0" * (size - len(data))))
+                        uniform_size = offset + size
+                        where[bname] = ("uniform", offset, size)
+                    else:  # pragma: no cover - planner contract
+                        raise ExecutionError(f"node {info.label!r}: buffer {bname}: unknown role {bp.role!r}")
+                outs = tuple(o for o in node.output if o)
+                for o in outs:
+                    roots[o].producer_pos = pos
+                open_steps.append(GpuStep(info.index, info.label, self._op_name(info), pos, plan, where, outs))
+                open_produced |= set(outs)
+                pos += 1
+            elif k == "host":
+                reads = [n for n in dict.fromkeys(list(node.input) + list(info.implicit)) if n]
+                step_inputs = []
+                for n in reads:
+                    r = root_of(n)
+                    roots[r].on_host = True
+                    step_inputs.append((n, r, alias[n][1]))
+                if any(r in open_produced for _, r, _ in step_inputs):
+                    flush()
+                schedule.append(HostStep(info.index, info.label, self._op_name(info), step_inputs,
+                                         tuple(o for o in node.output if o), reasons.get(info.index, "")))
+        flush()
+
+        # device needs: type and shape known; host values the GPU reads are uploaded before
+        # the first segment that reads them
+        segments = [s for s in schedule if isinstance(s, Segment)]
+        last_use: dict[str, int] = {}
+        first_seg: dict[str, int] = {}
+        for seg in segments:
+            for st in seg.steps:
+                for bname, where in st.buffers.items():
+                    if where[0] != "value" or st.plan.buffers[bname].role != "input":
+                        continue
+                    r = where[1]
+                    last_use[r] = max(last_use.get(r, -1), st.pos)
+                    first_seg.setdefault(r, seg.index)
+        for name, r in roots.items():
+            if r.on_device and (r.onnx_type is None or r.shape is None):
+                raise ExecutionError(f"value {name!r}: a GPU node reads it but its type or shape is not known "
+                                     f"for input shapes {dict(shapes)}")
+            if r.origin == "host" and r.on_device:
+                r.upload_segment = first_seg[name]
+                segments[r.upload_segment].uploads.append(name)
+
+        lifetimes: list[Lifetime] = []
+        for name, r in roots.items():
+            if r.origin == "feed" and r.on_device:
+                lifetimes.append(Lifetime(name, r.nbytes, 0, last_use[name]))
+            elif r.origin == "host" and r.on_device:
+                start = segments[r.upload_segment].start
+                lifetimes.append(Lifetime(name, r.nbytes, start, max(start, last_use[name])))
+            elif r.origin == "gpu":
+                lifetimes.append(Lifetime(name, r.nbytes, r.producer_pos,
+                                          max(r.producer_pos, last_use.get(name, r.producer_pos))))
+        for seg in segments:
+            for st in seg.steps:
+                for bname, where in st.buffers.items():
+                    if where[0] == "scratch":
+                        lifetimes.append(Lifetime(where[1], st.plan.buffers[bname].byte_size, st.pos, st.pos))
+        cap = int(self.device.info.limits.get("maxBufferSize", 2**62))
+        slot_of, slot_sizes = assign_buffers(lifetimes, cap)
+
+        placement: dict[int, tuple[str, str]] = {}
+        for info in self._nodes:
+            k = kinds[info.index] if info.index in live else "unused"
+            why = {"view": "a view of its input's buffer", "const": "a Constant, uploaded once per session",
+                   "fold": "computed by shape inference for these input shapes",
+                   "unused": "no graph output depends on it"}.get(k, reasons.get(info.index, ""))
+            placement[info.index] = (k, why if k != "gpu" else "")
+        return GraphPlan(key=key, roots=roots, alias=alias, schedule=schedule, placement=placement,
+                         lifetimes=lifetimes, slot_of=slot_of, slot_sizes=slot_sizes,
+                         uniform_regions=uniform_regions, uniform_size=uniform_size, folded=folded)
 
     def plans(self, input_shapes: Mapping[str, Sequence[int]]) -> list[Any]:
-        """The (cached) plan of every node for the given input shapes."""
-        return self._plans_for({k: tuple(int(d) for d in v) for k, v in input_shapes.items()})
+        """The (cached) kernel plan of every node that runs on the GPU for these input shapes,
+        in execution order (views, constants, folded and host nodes have none)."""
+        return [st.plan for st in self._plan_for({k: tuple(v) for k, v in input_shapes.items()}).gpu_steps]
 
     # -- run ---------------------------------------------------------------------------------
 
     def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any], run_options: Any = None) -> list[np.ndarray]:
-        """Outputs in the order asked for (all graph outputs when ``output_names`` is None)."""
-        from backend_wgpu.executor import run_plan  # noqa: PLC0415
-
+        """Outputs in the order asked for (all graph outputs when ``output_names`` is None), as
+        numpy arrays in the dtypes ``onnx.numpy_helper.to_array`` uses."""
         wanted = list(self._outputs) if output_names is None else list(output_names)
         known = set(self._outputs)
         missing = [n for n in wanted if n not in known]
         if missing:
             raise ExecutionError(f"outputs {missing}: not outputs of the model (outputs: {self._outputs})")
         arrays = self._check_feeds(feeds)
-        plans = self._plans_for({k: tuple(a.shape) for k, a in arrays.items()})
-        values: dict[str, np.ndarray] = {**self._initializers, **arrays}
-        for (label, node, spec), plan in zip(self._nodes, plans):
-            inputs = {}
-            for i, sname in enumerate(spec.inputs):
-                vname = node.input[i] if i < len(node.input) else ""
-                if not vname:
-                    continue  # absent optional input
-                if vname not in values:
-                    raise ExecutionError(f"node {label!r}: input {vname!r} has no value")
-                inputs[sname] = values[vname]
-            outs = run_plan(self.device, plan, inputs, node=label)
-            for i, sname in enumerate(spec.outputs):
-                if i < len(node.output) and node.output[i]:
-                    values[node.output[i]] = outs[sname]
+        gplan = self._plan_for({k: tuple(a.shape) for k, a in arrays.items()})
+        constants = {**self._initializers, **self._constants}
+        prepare_graph(self.device, gplan, self._resources, constants)
+        host_values: dict[str, Any] = {**constants, **gplan.folded, **arrays}
+        wanted_roots = frozenset(gplan.alias[n][0] for n in wanted)
+        self.stats.runs += 1
+        values = run_graph(self.device, gplan, self._resources, arrays, host_values, self._run_host, wanted_roots)
         result = []
         for n in wanted:
-            if n not in values:
+            root, shape = gplan.alias[n]
+            if root not in values:
                 raise ExecutionError(f"output {n!r} was not produced")
-            v = values[n]
-            result.append(np.array(v, copy=True) if (n in arrays or n in self._initializers) else v)
+            v = values[root]
+            if isinstance(v, np.ndarray):
+                if shape is not None and tuple(v.shape) != shape:
+                    v = v.reshape(shape)
+                if gplan.roots[root].origin in ("feed", "init", "const", "fold") or root != n or wanted.count(n) > 1:
+                    v = np.array(v, copy=True)
+            result.append(v)
         return result
 
     # -- explain -----------------------------------------------------------------------------
 
-    def explain(self, input_shapes: Mapping[str, Sequence[int]] | None = None) -> list[dict[str, Any]]:
-        """Per node: node, op_type, kernel, variant, why (derived values, when clauses, the
-        first failing clause of every variant), tunables, shapes, passes [{id, name, dispatch}].
-
-        Input dims the model leaves symbolic or unknown are taken from ``input_shapes``, else 1.
-        """
-        from backend_wgpu.planner import describe  # noqa: PLC0415
-
+    def _explain_shapes(self, input_shapes: Mapping[str, Sequence[int]] | None) -> dict[str, tuple[int, ...]]:
         shapes: dict[str, tuple[int, ...]] = {}
         given = dict(input_shapes or {})
         for vi in self._inputs:
@@ -310,41 +997,88 @@ class Session:
             if dims is None:
                 raise ExecutionError(f"input {vi.name!r} has no declared shape; give its shape")
             shapes[vi.name] = tuple(d if isinstance(d, int) else 1 for d in dims)
-        plans = self._plans_for(shapes)
+        return shapes
+
+    def explain(self, input_shapes: Mapping[str, Sequence[int]] | None = None) -> list[dict[str, Any]]:
+        """Per node, in graph order: node, op_type, placement (``gpu``, ``host``, ``view``,
+        ``constant``, ``folded``, ``unused``), reason (why not gpu), kernel and variant
+        (``"host"``/``"view"``/... for the others), why (derived values, when clauses, the
+        first failing clause of every variant), tunables, shapes, segment, passes
+        [{id, name, dispatch}]. Input dims the model leaves symbolic or unknown are taken
+        from ``input_shapes``, else 1."""
+        from backend_wgpu.planner import describe  # noqa: PLC0415
+
+        gplan = self._plan_for(self._explain_shapes(input_shapes))
+        steps = {st.index: st for st in gplan.gpu_steps}
+        seg_of = {st.index: seg.index for seg in gplan.segments for st in seg.steps}
+        host_after = {}
+        for i, s in enumerate(gplan.schedule):
+            if isinstance(s, HostStep):
+                host_after[s.index] = sum(1 for x in gplan.schedule[:i] if isinstance(x, Segment))
+        names = {"const": "constant", "fold": "folded"}
         out = []
-        for (label, node, spec), plan in zip(self._nodes, plans):
-            d = describe(plan)
-            shapes_here = {n: list(b.shape) for n, b in plan.buffers.items()
-                           if b.role in ("input", "output") and b.shape is not None}
-            out.append({
-                "node": label,
-                "op_type": node.op_type,
-                "kernel": d["kernel"],
-                "variant": d["variant"],
-                "derived": d["derived"],
-                "when": d["when"],
-                "selection": d["selection"],
-                "tunables": d["tunables"],
-                "shapes": shapes_here,
-                "device": self.device.info.name,
-                "passes": [{"id": p["id"], "name": p["name"], "dispatch": p["dispatch"]} for p in d["passes"]],
-            })
+        for info in self._nodes:
+            kind, why = gplan.placement[info.index]
+            node = info.node
+
+            def shape_of(n: str) -> Any:
+                if n in gplan.alias:
+                    s = gplan.alias[n][1]
+                    return list(s) if s is not None else None
+                return None
+
+            shapes_here = {n: shape_of(n) for n in list(node.input) + list(node.output) if n}
+            entry: dict[str, Any] = {"node": info.label, "op_type": node.op_type,
+                                     "placement": names.get(kind, kind), "reason": why}
+            if kind == "gpu":
+                st = steps[info.index]
+                d = describe(st.plan)
+                entry.update({
+                    "kernel": d["kernel"], "variant": d["variant"], "derived": d["derived"], "when": d["when"],
+                    "selection": d["selection"], "tunables": d["tunables"],
+                    "shapes": {n: list(b.shape) for n, b in st.plan.buffers.items()
+                               if b.role in ("input", "output") and b.shape is not None},
+                    "device": self.device.info.name, "segment": seg_of[info.index],
+                    "passes": [{"id": p["id"], "name": p["name"], "dispatch": p["dispatch"]} for p in d["passes"]],
+                })
+            else:
+                label = names.get(kind, kind)
+                entry.update({"kernel": label, "variant": label, "derived": {}, "when": [], "selection": {},
+                              "tunables": {}, "shapes": shapes_here,
+                              "device": "host" if kind in ("host", "const", "fold") else
+                              (self.device.info.name if kind == "view" else ""),
+                              "segment": host_after.get(info.index), "passes": []})
+            out.append(entry)
         return out
+
+    def summary(self, input_shapes: Mapping[str, Sequence[int]] | None = None) -> dict[str, Any]:
+        """What a run for these input shapes costs: segments (= submits), GPU/host/view nodes,
+        pooled values vs pooled buffers (buffer reuse), uniform bytes."""
+        gplan = self._plan_for(self._explain_shapes(input_shapes))
+        count: dict[str, int] = {}
+        for kind, _ in gplan.placement.values():
+            count[kind] = count.get(kind, 0) + 1
+        return {
+            "segments": len(gplan.segments),
+            "submits_per_run": len(gplan.segments),
+            "host_steps": sum(1 for s in gplan.schedule if isinstance(s, HostStep)),
+            "placement": count,
+            "memory": gplan.memory(),
+            "uniform_bytes": gplan.uniform_size,
+        }
 
     # -- lifetime ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Release the device buffers of this session's plans (the pipelines stay cached)."""
-        from backend_wgpu.executor import release_plan  # noqa: PLC0415
-
-        for plans in self._plans.values():
-            for plan in plans:
-                release_plan(self.device, plan)
+        """Release the device buffers of this session's plans, initializers and constants (the
+        pipelines stay cached on the device)."""
+        for gplan in self._plans.values():
+            release_graph(gplan)
         self._plans.clear()
+        self._resources.release()
 
     def __enter__(self) -> "Session":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-

@@ -68,3 +68,11 @@ class DeviceError(QuantError):
 
 class ExecutionError(QuantError):
     """A run cannot proceed: bad feeds, a tensor beyond device limits, an unsupported node."""
+
+
+class QuantWarning(UserWarning):
+    """Base of every warning onnx-quant issues on purpose."""
+
+
+class HostFallbackWarning(QuantWarning):
+    """Nodes of a model run on the host (onnx.reference) because no GPU kernel covers them."""

@@ -112,21 +112,31 @@ def test_bad_feeds_fail_before_submitting(dev):
     assert out[0].shape == (4, 3)
 
 
-def test_node_without_kernel_names_node_and_op(dev):
+def test_node_without_kernel_runs_on_the_host_or_is_refused(dev):
+    from onnx_quant.errors import HostFallbackWarning, QuantWarning
+
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
-    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="my_relu")], "g", [x], [y]),
-                              opset_imports=[helper.make_opsetid("", 17)])
-    with pytest.raises(ExecutionError, match="my_relu.*Relu"):
-        Session(model, dev)
+    # Softsign: an op no kernel spec covers
+    model = helper.make_model(helper.make_graph([helper.make_node("Softsign", ["x"], ["y"], name="my_softsign")],
+                                                "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ExecutionError, match="my_softsign.*Softsign"):
+        Session(model, dev, allow_host_fallback=False)
+    with pytest.warns(HostFallbackWarning, match="my_softsign.*Softsign") as rec:
+        s = Session(model, dev)
+    assert issubclass(rec[0].category, QuantWarning) and issubclass(QuantWarning, UserWarning)
+    v = np.array([-2, -0.5, 0, 3], np.float32)
+    (out,) = s.run(None, {"x": v})
+    assert np.array_equal(out, v / (1 + np.abs(v))) and out.dtype == np.float32
+    assert s.host_nodes == ["my_softsign (Softsign)"]
+    assert s.explain()[0]["placement"] == "host" and s.explain()[0]["kernel"] == "host"
 
 
 def test_node_attributes_reach_the_planner(dev):
     model = dql_model(1)
     model.graph.node[0].attribute.append(helper.make_attribute("not_an_attribute", 3))
-    s = Session(model, dev)
     with pytest.raises(ExecutionError, match="not_an_attribute"):
-        s.run(None, {"x": X})
+        Session(model, dev)
 
 
 def test_variants_by_node_name_and_op_type(dev):
