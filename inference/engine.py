@@ -838,7 +838,10 @@ class _Pass:
             values[st.values.name] = TensorInfo(int(st.values.data_type), tuple(int(d) for d in st.dims))
         for i, v in enumerate(graph.input):
             info = inputs[i] if i < len(inputs) else None
-            if info is None:
+            if isinstance(info, onnx.TypeProto):  # a sequence, optional or map value
+                g.scope.other[v.name] = info
+                info = TensorInfo()
+            elif info is None:
                 if v.type.WhichOneof("value") not in (None, "tensor_type"):
                     g.scope.other[v.name] = v.type
                     info = TensorInfo()

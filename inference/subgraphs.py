@@ -67,7 +67,9 @@ def union(a: TensorInfo, b: TensorInfo, base: str) -> TensorInfo:
     return TensorInfo(elem_type, tuple(shape), value)
 
 
-def _same(a: TensorInfo, b: TensorInfo) -> bool:
+def _same(a, b) -> bool:
+    if isinstance(a, onnx.TypeProto) or isinstance(b, onnx.TypeProto):
+        return isinstance(a, onnx.TypeProto) and isinstance(b, onnx.TypeProto) and a == b
     return a.elem_type == b.elem_type and a.shape == b.shape
 
 
@@ -84,12 +86,17 @@ def _missing_body(p, n: NodeContext, name: str) -> bool:
     return False
 
 
-def _seed(p, n: NodeContext, body: onnx.GraphProto, i: int, outer: TensorInfo) -> TensorInfo:
-    """Body input ``i``'s type: the outer type merged with the body's declaration."""
+def _seed(p, n: NodeContext, body: onnx.GraphProto, i: int, outer):
+    """Body input ``i``'s type: the outer type merged with the body's declaration (a
+    ``TypeProto`` for a sequence/optional/map value, ``None`` to keep the declaration)."""
     from inference.engine import _info_text, merge_info
 
+    if isinstance(outer, onnx.TypeProto):
+        return outer
     if i >= len(body.input):
         return outer
+    if body.input[i].type.WhichOneof("value") not in (None, "tensor_type"):
+        return None if not outer.elem_type else outer
     declared = p.from_type_proto(body.input[i].type)
     merged, conflict = merge_info(declared, outer)
     if conflict:
@@ -109,6 +116,23 @@ def _set(n: NodeContext, i: int, info: TensorInfo, other: onnx.TypeProto | None 
         n.ctx.other[name] = other
         info = TensorInfo()
     n.ctx.set(name, info)
+
+
+def _state(n: NodeContext, i: int):
+    """Input ``i`` as a state's initial type: a TensorInfo, or the TypeProto of a sequence ..."""
+    name = n.input_name(i)
+    other = n.ctx.other_type(name) if name else None
+    return other if other is not None else (n.input(i) or _UNKNOWN)
+
+
+def _set_state(n: NodeContext, i: int, state, outs, j: int) -> None:
+    """Output ``i``, a state: its merged type, or for a sequence/optional/map value the type the
+    body gives it (else its initial type)."""
+    other = outs[j][1] if j < len(outs) else None
+    if other is not None or isinstance(state, onnx.TypeProto):
+        _set(n, i, _UNKNOWN, other if other is not None else state)
+    else:
+        _set(n, i, state)
 
 
 def _label(n: NodeContext) -> str:
@@ -200,8 +224,11 @@ def _iterate(p, g, n: NodeContext, body: onnx.GraphProto, fixed: list[TensorInfo
         new = []
         for i, info in enumerate(state):
             j = state_offset + i
-            out = outs[j][0] if j < len(outs) else _UNKNOWN
-            new.append(union(info, out, names[i]))
+            out, other = outs[j] if j < len(outs) else (_UNKNOWN, None)
+            if isinstance(info, onnx.TypeProto) or other is not None:  # a sequence ...: the body sees the initial type
+                new.append(info)
+            else:
+                new.append(union(info, out, names[i]))
         if all(_same(a, b) for a, b in zip(new, state)) or attempt == MAX_ATTEMPTS - 1:
             return bg, new, outs
         state = new
@@ -220,13 +247,12 @@ def infer_loop(p, g, n: NodeContext) -> bool:
         _count(p, n, "inputs", 2 + n_state, len(body.input))
     if len(body.output) != 1 + n_state + max(n_scan, 0):
         _count(p, n, "outputs", 1 + n_state + max(n_scan, 0), len(body.output))
-    initial = [(n.input(2 + i) or _UNKNOWN) for i in range(n_state)]
+    initial = [_state(n, 2 + i) for i in range(n_state)]
     names = [n.output_name(i) or f"{node.name or 'loop'}_state{i}" for i in range(n_state)]
     fixed = [TensorInfo(INT64, ()), TensorInfo(BOOL, ())]
     bg, states, outs = _iterate(p, g, n, body, fixed, initial, 1, [], names)
     for i in range(n_state):
-        other = outs[1 + i][1] if 1 + i < len(outs) else None
-        _set(n, i, states[i], other)
+        _set_state(n, i, states[i], outs, 1 + i)
     if n_scan <= 0:
         return True
     trips = _trip_count(n, outs)
@@ -298,11 +324,11 @@ def infer_scan(p, g, n: NodeContext) -> bool:
         if seq_len is None:
             seq_len = x.shape[a]
         slices.append(TensorInfo(x.elem_type, x.shape[:a] + x.shape[a + 1:]))
-    initial = [(n.input(i) or _UNKNOWN) for i in range(n_state)]
+    initial = [_state(n, i) for i in range(n_state)]
     names = [n.output_name(i) or f"{node.name or 'scan'}_state{i}" for i in range(n_state)]
     bg, states, outs = _iterate(p, g, n, body, [], initial, 0, slices, names)
     for i in range(n_state):
-        _set(n, i, states[i], outs[i][1] if i < len(outs) else None)
+        _set_state(n, i, states[i], outs, i)
     for k in range(max(n_scan_out, 0)):
         j = n_state + k
         info, other = outs[j] if j < len(outs) else (_UNKNOWN, None)

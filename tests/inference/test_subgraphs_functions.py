@@ -376,3 +376,27 @@ def test_problem_inside_a_function_names_the_call():
                        [vi("y", F, None)], functions=[fn], extra_opsets=[("local", 1)])
     [d] = inference.infer(model).diagnostics
     assert d.node == "'call' (Bad)/'mm' (MatMul)"
+
+
+def test_loop_carrying_a_sequence():
+    seq_type = helper.make_sequence_type_proto(helper.make_tensor_type_proto(F, None))
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Cast", ["i"], ["i_f"], to=F),
+         helper.make_node("Unsqueeze", ["i_f", "axes"], ["row"]),
+         helper.make_node("SequenceInsert", ["seq_in", "row"], ["seq_out"], name="insert")],
+        "body", [vi("i", I64, []), vi("cond_in", B, []), helper.make_value_info("seq_in", seq_type)],
+        [vi("cond_out", B, []), helper.make_value_info("seq_out", seq_type)],
+        [numpy_helper.from_array(np.array([0], np.int64), "axes")])
+    nodes = [helper.make_node("SequenceEmpty", [], ["empty"], dtype=F),
+             helper.make_node("Loop", ["M", "", "empty"], ["rows"], name="loop", body=body)]
+    model = make_model(nodes, [], [helper.make_value_info("rows", seq_type)],
+                       [numpy_helper.from_array(np.array(3, np.int64), "M")])
+    result = inference.infer(model, strict=True)
+    rows = result.other_types["rows"]
+    assert rows.sequence_type.elem_type.tensor_type.elem_type == F
+    body_values = result.subgraph_values()["'loop' (Loop)/body"]
+    assert body_values["row"] == TensorInfo(F, (1,))
+    out = inference.infer_shapes(model)
+    seq_out = next(v for v in body_of(out, 1, "body").output if v.name == "seq_out")
+    assert seq_out.type.HasField("sequence_type")
