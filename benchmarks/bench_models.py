@@ -27,8 +27,9 @@ Progress goes to stderr.
 from __future__ import annotations
 
 import argparse
-import contextlib
+import collections
 import json
+import re
 import logging
 import statistics
 import sys
@@ -266,29 +267,43 @@ def _f(v: Any, fmt: str = ".2f") -> str:
     return "" if v is None else format(v, fmt)
 
 
+def _short_error(text: str) -> str:
+    m = re.search(r"no GPU kernel for (\S+)", text)
+    if m:
+        tail = " nor a host fallback" if "cannot run it on the host" in text else ""
+        return f"not run: no GPU kernel for {m.group(1)}{tail}"
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _host_ops(nodes: list[str]) -> str:
+    ops = collections.Counter(re.sub(r".*\((.*)\)$", r"\1", n) for n in nodes)
+    return ", ".join(f"{op} x{k}" if k > 1 else op for op, k in ops.items()) or "none"
+
+
 def format_markdown(result: dict[str, Any]) -> str:
-    lines = [f"Device: {result['device']}; median of {result['repeat']} runs after a warm-up.", "",
-             "| model | nodes | GPU ms | onnxruntime ms | ratio | submits/run | host ms¹ | upload ms¹ | submit ms¹ "
-             "| wait+read ms¹ | host-fallback nodes | max diff vs ort |",
+    lines = [f"Device: {result['device']}; median of {result['repeat']} runs after a warm-up "
+             "(the split of a run: means over the same runs).", "",
+             "| model | nodes | GPU ms | onnxruntime ms | GPU / ort | submits per run | host % | upload % | submit % "
+             "| wait + read-back % | nodes on the host | max \\|diff\\| vs ort |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for r in result["rows"]:
         if "gpu_ms" not in r:
             lines.append(f"| {r['model']} | {r['nodes']} | — | {_f(r.get('ort_ms'), '.3f')} | | | | | | | "
-                         f"{r.get('gpu_error', '')} | |")
+                         f"{_short_error(r.get('gpu_error', ''))} | |")
             continue
         s = r["split_ms"]
-        host_nodes = ", ".join(dict.fromkeys(r["host_nodes"])) or "none"
+        total = sum(s.values()) or 1.0
+        pct = {k: 100.0 * v / total for k, v in s.items()}
         lines.append(
-            f"| {r['model']} | {r['nodes']} | {_f(r['gpu_ms'])} | {_f(r.get('ort_ms'), '.3f')} | {_f(r.get('ratio'), '.1f')} "
-            f"| {_f(r['submits_per_run'], '.0f')} | {_f(s['host'])} | {_f(s['upload'])} | {_f(s['submit'])} "
-            f"| {_f(s['wait+read'])} | {host_nodes} | {_f(r.get('max_abs_diff_vs_ort'), '.3g')} |")
-    lines.append("")
-    lines.append("¹ means per run over the timed runs (the GPU column is the median).")
+            f"| {r['model']} | {r['nodes']} | {_f(r['gpu_ms'])} | {_f(r.get('ort_ms'), '.3f')} | {_f(r.get('ratio'), '.0f')} "
+            f"| {_f(r['submits_per_run'], '.0f')} | {pct['host']:.0f} | {pct['upload']:.0f} | {pct['submit']:.0f} "
+            f"| {pct['wait+read']:.0f} | {_host_ops(r['host_nodes'])} | {_f(r.get('max_abs_diff_vs_ort'), '.3g')} |")
     for r in result["rows"]:
         if "gpu_us_per_node" in r:
             lines.append("")
-            lines.append(f"Per-node overhead ({r['model']}): GPU {r['gpu_us_per_node']:.1f} µs/node, "
-                         f"onnxruntime {r.get('ort_us_per_node', float('nan')):.2f} µs/node.")
+            lines.append(f"Per-node overhead ({r['model']}): GPU {r['gpu_us_per_node']:.1f} µs per node "
+                         f"(host side {r['split_ms']['host'] * 1e3 / r['nodes']:.1f} µs), onnxruntime "
+                         f"{r.get('ort_us_per_node', float('nan')):.2f} µs per node.")
     return "\n".join(lines)
 
 

@@ -200,3 +200,23 @@ def test_demo_agrees_with_onnxruntime(device, capsys):
     assert "host fallback:" in out
     assert code == 0, out + err
     assert "agreement" in out
+
+
+# ------------------------------------------------------------------- whole-model benchmark
+
+
+def test_bench_models_smoke(device):
+    """benchmarks/bench_models.py on a 10-node chain: one submit per run, the phase split adds up."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import bench_models
+
+    result = bench_models.run(families=(), formats=(), chain=10, repeat=2, log=lambda s: None)
+    (row,) = result["rows"]
+    assert "gpu_error" not in row, row
+    assert row["submits_per_run"] == 1 and row["compilations_after_warmup"] == 0 and row["host_nodes"] == []
+    assert row["max_abs_diff_vs_ort"] == 0
+    assert row["split_ms"]["submit"] > 0 and row["split_ms"]["wait+read"] > 0
+    assert "Per-node overhead" in bench_models.format_markdown(result)
