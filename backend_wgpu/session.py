@@ -253,7 +253,7 @@ class Session:
         static_host = [i for i in self._nodes if i.kind == "host" and i.index in live and not self._may_fold(i)]
         if static_host and not self.allow_host_fallback:
             raise ExecutionError(
-                f"{len(static_host)} node(s) have no GPU kernel and allow_host_fallback is False: "
+                f"{len(static_host)} node(s) cannot run on the GPU and allow_host_fallback is False: "
                 + "; ".join(f"node {i.label!r} ({self._op_name(i)}): {i.reason}" for i in static_host))
         for info in static_host:
             self._evaluator(info)  # a node onnx.reference cannot run either is refused now
