@@ -329,7 +329,7 @@ def test_qlinear_conv_exact_ties(best):
 def test_onnxruntime_agrees_where_float32_does(best):
     """onnxruntime (per-channel QLinearConv in 1-D, 2-D and 3-D) computes the requantization in
     float32: where that equals the float64 result it matches us bit for bit, and where it
-    does not, it matches the float32 formula (documented in docs/backend.md)."""
+    does not, it matches the float32 formula (docs/benchmarks.md, "QLinearMatMul / QLinearConv")."""
     ort = pytest.importorskip("onnxruntime")
     rng = np.random.default_rng(12)
     for xs, ws, attrs in (((1, 3, 11), (4, 3, 3), {"pads": [1, 1]}),

@@ -492,7 +492,8 @@ def _f32_f64_disagreements(count=12, seed=3):
 def test_float32_vs_float64_requantization_matches_the_reference(best):
     """On accumulators where float32 and float64 requantization round differently, every
     variant gives the reference's (float64) bytes; onnxruntime gives the float32 ones
-    (clip(rint(f32(f32(acc) * m)) + y_zp)), the difference documented in docs/backend.md."""
+    (clip(rint(f32(f32(acc) * m)) + y_zp)), the difference summarised in
+    docs/benchmarks.md ("QLinearMatMul / QLinearConv")."""
     pairs = _f32_f64_disagreements()
     n, k = len(pairs), 100
     a = np.zeros((n, k), np.uint8)
