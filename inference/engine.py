@@ -165,9 +165,9 @@ def infer(model: ModelSource, *, strict: bool = False,
     records every violation in the result; ``strict=True`` raises the first
     ``InferenceError``.
     """
-    proto = load_model(model)
+    proto = load_model(model, check_external=False)  # the pass checks external data as it seeds
     with _no_gc():
-        return _Pass(proto, strict=strict).run(input_shapes)
+        return _Pass(proto, strict=strict, label=_source_label(model)).run(input_shapes)
 
 
 def infer_shapes(model: ModelSource, *, strict: bool = False) -> onnx.ModelProto:
@@ -178,9 +178,9 @@ def infer_shapes(model: ModelSource, *, strict: bool = False) -> onnx.ModelProto
     mode and is kept (with a diagnostic) in lenient mode. Subgraph bodies get ``value_info``
     too.
     """
-    proto = load_model(model)
+    proto = load_model(model, check_external=False)  # the pass checks external data as it seeds
     with _no_gc():
-        result = _Pass(proto, strict=strict).run(None)
+        result = _Pass(proto, strict=strict, label=_source_label(model)).run(None)
         return write_back(proto, result)
 
 
@@ -191,6 +191,15 @@ def infer_values(model: ModelSource, input_shapes: Mapping[str, Iterable[Any]] |
     With concrete ``input_shapes`` every shape that follows from them is a tuple of ints.
     """
     return infer(model, strict=strict, input_shapes=input_shapes).values()
+
+
+def _source_label(model: ModelSource) -> str:
+    """How errors about the model as a whole name it (as ``load_model`` does)."""
+    if isinstance(model, onnx.ModelProto):
+        return "<ModelProto>"
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        return "<bytes>"
+    return str(model)
 
 
 def check(model: ModelSource) -> tuple[list[Diagnostic], InferenceResult]:
@@ -620,9 +629,10 @@ class _Entry:
 class _Pass:
     """State of one walk; nothing outlives ``run``."""
 
-    def __init__(self, model: onnx.ModelProto, *, strict: bool) -> None:
+    def __init__(self, model: onnx.ModelProto, *, strict: bool, label: str = "<model>") -> None:
         self.model = model
         self.strict = strict
+        self.label = label
         opsets: dict[str, int] = {}
         for o in model.opset_import:
             opsets[normalize_domain(o.domain)] = int(o.version)
@@ -778,6 +788,9 @@ class _Pass:
         for name in input_names:
             kids.pop(name, None)
         for st in graph.sparse_initializer:
+            for t in (st.values, st.indices):
+                if t.data_location == onnx.TensorProto.EXTERNAL:
+                    check_external_location(t, self.label)
             name = st.values.name
             values[name] = TensorInfo(int(st.values.data_type), tuple(int(d) for d in st.dims))
             typed_by[name] = SOURCE_INITIALIZER
@@ -802,8 +815,11 @@ class _Pass:
         values, kids, key_ids = g.scope._values, g.scope.kids, self._key_ids
         names = []
         append = names.append
+        label = self.label
         for t in inits:
             name = t.name
+            if t.data_location:  # EXTERNAL: never read, but refused if it points outside the model's folder
+                check_external_location(t, label)
             dims = t.dims
             k = (t.data_type, tuple(dims[:]) if len(dims) else ())
             kid = key_ids.get(k)
@@ -831,7 +847,7 @@ class _Pass:
         values = g.scope._values
         for t in graph.initializer:
             if t.data_location == onnx.TensorProto.EXTERNAL:
-                check_external_location(t)
+                check_external_location(t, self.label)
             values[t.name] = _Lazy(t, self)
             g.typed_by[t.name] = SOURCE_INITIALIZER
         for st in graph.sparse_initializer:
@@ -1322,7 +1338,7 @@ class _Pass:
             return False
         a = attrs[0]
         if a.type == onnx.AttributeProto.TENSOR and a.t.data_location == onnx.TensorProto.EXTERNAL:
-            check_external_location(a.t)
+            check_external_location(a.t, self.label)
         info: TensorInfo
         try:
             if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:

@@ -17,7 +17,8 @@ EXAMPLE_NAME = "example"
 ModelSource = Union[str, os.PathLike, bytes, bytearray, memoryview, onnx.ModelProto]
 
 
-def load_model(source: ModelSource, *, load_external_data: bool = False) -> onnx.ModelProto:
+def load_model(source: ModelSource, *, load_external_data: bool = False,
+               check_external: bool = True) -> onnx.ModelProto:
     """Read an ONNX model from a path, serialized bytes or a ModelProto.
 
     The name ``"example"`` gives the built-in example model. Raises ``ModelLoadError`` (one
@@ -28,14 +29,18 @@ def load_model(source: ModelSource, *, load_external_data: bool = False) -> onnx
     External data is never read unless ``load_external_data``; either way a tensor whose
     external ``location`` escapes the model's folder (an absolute path, or ``..`` leading
     out) is refused (``ModelLoadError`` naming the tensor): see :func:`check_external_data`.
+    ``check_external=False`` leaves that check to the caller (the inference pass makes it
+    while it reads the initializers anyway).
     """
     if isinstance(source, onnx.ModelProto):
         _check_parsed(source, "<ModelProto>")
-        check_external_data(source, "<ModelProto>")
+        if check_external:
+            check_external_data(source, "<ModelProto>")
         return source
     if isinstance(source, (bytes, bytearray, memoryview)):
         model = _parse(bytes(source), "<bytes>")
-        check_external_data(model, "<bytes>")
+        if check_external:
+            check_external_data(model, "<bytes>")
         return model
     if not isinstance(source, (str, os.PathLike)):
         raise ModelLoadError(f"cannot load a model from a {type(source).__name__}: expected a path, bytes or onnx.ModelProto")
@@ -54,7 +59,8 @@ def load_model(source: ModelSource, *, load_external_data: bool = False) -> onnx
     except OSError as e:
         raise ModelLoadError(f"{label}: cannot read: {e.strerror or e}") from None
     model = _parse(data, label)
-    check_external_data(model, label)
+    if check_external or load_external_data:
+        check_external_data(model, label)
     if load_external_data:
         try:
             onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
