@@ -460,3 +460,53 @@ def test_onnxruntime_qoperator_model_runs_bit_exact(tmp_path):
     for seed in range(3):
         x = np.random.default_rng(100 + seed).standard_normal((1, 3, 8, 8)).astype(F32)
         assert_same_bits(sess.run(None, {"x": x})[0], ort_run(q, {"x": x})[0], f"quantized CNN, input {seed}")
+
+
+# ----------------------------------------------------------------------------- other adapters
+
+def test_kernels_agree_on_opengl(best):
+    """A representative of every template renders, compiles and gives the same bits on the
+    OpenGL adapter (no subgroups, another shader compiler path) as on the best adapter,
+    every variant forced."""
+    from test_float_kernels_gpu import _device, bits, data
+
+    gl = _device("opengl")
+    x = data((2, 3, 5, 5), np.float32, 1)
+    h = x.astype(np.float16)
+    a, b, w = data((17, 33), np.float32, 2), data((33, 19), np.float32, 3), data((8, 3, 3, 3), np.float32, 4)
+    u = [data((2, 3), np.uint8, i) for i in range(3)]
+    cases = [
+        (node_model("MaxPool", [("X", x.astype(np.uint8))], ["Y"], attrs=dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+                    opset=12), {"X": x.astype(np.uint8)}),
+        (node_model("AveragePool", [("X", x)], ["Y"], attrs=dict(kernel_shape=[2, 2], count_include_pad=1,
+                                                                   pads=[1, 1, 1, 1])), {"X": x}),
+        (node_model("GlobalAveragePool", [("X", x)], ["Y"]), {"X": x}),
+        (node_model("Softmax", [("X", x)], ["Y"], attrs={"axis": 1}), {"X": x}),
+        (node_model("Sigmoid", [("X", x)], ["Y"]), {"X": x}),
+        (node_model("MatMul", [("A", a), ("B", b)], ["Y"]), {"A": a, "B": b}),
+        (node_model("Conv", [("X", x), ("W", w)], ["Y"]), {"X": x, "W": w}),
+        (node_model("Add", [("A", h), ("B", h)], ["C"]), {"A": h, "B": h}),
+        (node_model("Cast", [("X", x)], ["Y"], attrs={"to": TensorProto.INT8}, out_types=[np.int8]), {"X": x}),
+        (node_model("Concat", [(f"X{i}", v) for i, v in enumerate(u)], ["Y"], attrs={"axis": 0}),
+         {f"X{i}": v for i, v in enumerate(u)}),
+        (node_model("Transpose", [("X", h)], ["Y"], attrs={"perm": [3, 1, 2, 0]}), {"X": h}),
+        (node_model("Identity", [("X", h)], ["Y"]), {"X": h}),
+        ql_binary("QLinearAdd", all_bytes(np.uint8, (256, 1)), 0.05, 3, all_bytes(np.uint8, (1, 256)), 0.04, 200, 0.07, 100),
+        ql_binary("QLinearMul", all_bytes(np.int8, (256, 1)), 0.05, 3, all_bytes(np.int8, (1, 256)), 0.04, -20, 0.07, 10),
+        ql_pool("QLinearAveragePool", data((1, 3, 6, 7), np.uint8, 5), 0.05, 3, 0.04, 100,
+                dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])),
+        ql_pool("QLinearGlobalAveragePool", data((1, 3, 6, 7), np.uint8, 5), 0.05, 3, 0.04, 100, {}),
+    ]
+    lut_in = [("X", all_bytes(np.uint8, (16, 16))), ("Xs", np.array(0.05, F32)), ("Xz", np.array(7, np.uint8)),
+              ("Ys", np.array(0.004, F32)), ("Yz", np.array(3, np.uint8))]
+    cases.append((node_model("QLinearSigmoid", lut_in, ["Y"], domain=MS, opset=13), dict(lut_in)))
+    q_in = [("Ys", np.array(0.05, F32)), ("Yz", np.array(9, np.uint8))]
+    for i, v in enumerate(u):
+        q_in += [(f"X{i}", v), (f"S{i}", np.array(0.03 * (i + 1), F32)), (f"Z{i}", np.array(i, np.uint8))]
+    cases.append((node_model("QLinearConcat", q_in, ["Y"], attrs={"axis": 1}, domain=MS, opset=13,
+                             out_types=[np.uint8]), dict(q_in)))
+    for model, feeds in cases:
+        on_gl, _ = run_all_variants(gl, model, feeds)
+        on_best, _ = run_all_variants(best, model, feeds)
+        for g, e in zip(on_gl, on_best):
+            assert np.array_equal(bits(g), bits(e)), model.graph.node[0].op_type
