@@ -103,11 +103,14 @@ def test_run_errors_are_one_line(gpu, capsys, model_path, tmp_path):
     assert code == 2
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
-    relu = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
-                             opset_imports=[helper.make_opsetid("", 17)])
-    onnx.save(relu, tmp_path / "relu.onnx")
-    code, _, err = run_cli(capsys, "run", tmp_path / "relu.onnx", "--random")
-    assert code == 1 and "Relu" in err and "no GPU kernel" in err
+    # an op of an unknown domain: no kernel and the host reference cannot run it either
+    custom = helper.make_model(
+        helper.make_graph([helper.make_node("Frobnicate", ["x"], ["y"], domain="example.custom")], "g", [x], [y]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("example.custom", 1)])
+    onnx.save(custom, tmp_path / "custom.onnx")
+    code, _, err = run_cli(capsys, "run", tmp_path / "custom.onnx", "--random")
+    assert code == 1 and "Frobnicate" in err and "no GPU kernel" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
     code, _, err = run_cli(capsys, "explain", model_path, "--adapter", "no-such-adapter")
     assert code == 1 and "no usable adapter" in err
 
