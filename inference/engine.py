@@ -386,10 +386,10 @@ class _Lazy(TensorInfo):
     Equal to (and hashing like) any ``TensorInfo`` of the same type and shape.
     """
 
-    def __init__(self, proto: onnx.TensorProto, owner: "_Pass | None" = None) -> None:
+    def __init__(self, proto: onnx.TensorProto, owner: "_Owner | None" = None) -> None:
         d = self.__dict__
         d["_proto"] = proto
-        d["_owner"] = owner  # its pass: notes every read (the memo), reports unreadable data
+        d["_owner"] = owner  # its pass's bookkeeping: notes every read (the memo), reports unreadable data
 
     @property
     def elem_type(self) -> int:  # type: ignore[override]
@@ -454,6 +454,22 @@ class _Lazy(TensorInfo):
 _UNKNOWN = TensorInfo()
 
 
+class _Owner:
+    """A pass's bookkeeping that constants and scopes report to (see ``_Lazy``)."""
+
+    __slots__ = ("strict", "diagnostics", "log")
+
+    def __init__(self, strict: bool, diagnostics: list) -> None:
+        self.strict = strict
+        self.diagnostics = diagnostics
+        self.log: list = []  # constants read since the current node started (the memo)
+
+    def raise_or_record(self, err: InferenceError) -> None:
+        if self.strict:
+            raise err
+        self.diagnostics.append(err)
+
+
 class _NoLog(list):
     def append(self, item) -> None:
         pass
@@ -484,7 +500,7 @@ class _Scope(ShapesContext):
     them (a ``_Lazy`` is made then): on the memo's hit path only their key ids are needed."""
 
     def __init__(self, opsets: dict[str, int], strict: bool, diagnostics: list,
-                 parent: "_Scope | None" = None, owner: "_Pass | None" = None) -> None:
+                 parent: "_Scope | None" = None, owner: "_Owner | None" = None) -> None:
         self.opsets = opsets
         self.strict = strict
         self._values: dict[str, TensorInfo] = {}
@@ -640,8 +656,10 @@ class _Pass:
             opsets[""] = 1
         self.opsets = opsets
         self.diagnostics: list = []
-        self.log: list = []  # constants read since the current node started (see _Lazy.value)
-        scope = _Scope(opsets, strict, self.diagnostics, owner=self)
+        # what constants and scopes report to: no reference back to the pass, so that dropping
+        # the result frees everything at once (no cycles left for the garbage collector)
+        self.owner = _Owner(strict, self.diagnostics)
+        scope = _Scope(opsets, strict, self.diagnostics, owner=self.owner)
         self.ctx = scope
         self.result = InferenceResult(scope)
         self.result.owner = self  # type: ignore[attr-defined]
@@ -672,8 +690,9 @@ class _Pass:
         self._seed(g, input_shapes)
         self.walk(g)
         self._check_outputs_defined(g)
-        self.log = _NoLog()  # values read after the pass need no bookkeeping
-        return self.result
+        self.owner.log = _NoLog()  # values read after the pass need no bookkeeping
+        result, self.result = self.result, None  # the result refers to the pass, not the other way
+        return result
 
     def walk(self, g: _Graph) -> None:
         """Type every node of ``g`` in order. The loop is the memo's hit path: build the node's
@@ -848,7 +867,7 @@ class _Pass:
         for t in graph.initializer:
             if t.data_location == onnx.TensorProto.EXTERNAL:
                 check_external_location(t, self.label)
-            values[t.name] = _Lazy(t, self)
+            values[t.name] = _Lazy(t, self.owner)
             g.typed_by[t.name] = SOURCE_INITIALIZER
         for st in graph.sparse_initializer:
             values[st.values.name] = TensorInfo(int(st.values.data_type), tuple(int(d) for d in st.dims))
@@ -1008,7 +1027,7 @@ class _Pass:
                 self._redefined(g, index, node, name)
         kind = entry.kind
         diag_mark = len(self.diagnostics)
-        log = self.log
+        log = self.owner.log
         log.clear()
         source = SOURCE_UNKNOWN
         if kind is _K_NO_OPSET:
@@ -1289,13 +1308,13 @@ class _Pass:
         rec = self._data_bytes.get(id(info))
         if rec is not None:
             if rec[1] is not None and type(info) is _Lazy:
-                self.log.append(info)  # onnx reads it: the node's result depends on it
+                self.owner.log.append(info)  # onnx reads it: the node's result depends on it
             return rec[1]
         b = None
         if type(info) is _Lazy:
             if not info.external and info.size <= _DATA_MAX_ELEMENTS:
                 b = info.__dict__["_proto"].SerializeToString()
-                self.log.append(info)
+                self.owner.log.append(info)
         else:
             v = info.value
             # object arrays (symbolic entries, a rule's form) have no TensorProto form
@@ -1342,7 +1361,7 @@ class _Pass:
         info: TensorInfo
         try:
             if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
-                info = _Lazy(a.t, self)
+                info = _Lazy(a.t, self.owner)
             elif a.name == "sparse_value" and a.type == onnx.AttributeProto.SPARSE_TENSOR:
                 info = TensorInfo(int(a.sparse_tensor.values.data_type), tuple(int(d) for d in a.sparse_tensor.dims))
             elif a.name == "value_float" and a.type == onnx.AttributeProto.FLOAT:
@@ -1424,11 +1443,12 @@ class _Pass:
         g = _Graph(proto, scope, parent.dispatch, prefix=f"{parent.prefix}{label}/{attr}/", where=where)
         mark = len(self.diagnostics)
         saved, self.strict = self.strict, strict
+        self.owner.strict = strict
         try:
             self.seed_body(g, inputs)
             self.walk(g)
         finally:
-            self.strict = saved
+            self.strict = self.owner.strict = saved
             if quiet:
                 del self.diagnostics[mark:]
         if step is not None:  # a later attempt (Loop state types widened) replaces an earlier one
