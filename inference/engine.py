@@ -30,10 +30,8 @@ for the write-back, which builds ``value_info`` as bytes).
 
 from __future__ import annotations
 
-import gc
 import os
 import re
-from contextlib import contextmanager
 from itertools import repeat
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -166,8 +164,7 @@ def infer(model: ModelSource, *, strict: bool = False,
     ``InferenceError``.
     """
     proto = load_model(model, check_external=False)  # the pass checks external data as it seeds
-    with _no_gc():
-        return _Pass(proto, strict=strict, label=_source_label(model)).run(input_shapes)
+    return _Pass(proto, strict=strict, label=_source_label(model)).run(input_shapes)
 
 
 def infer_shapes(model: ModelSource, *, strict: bool = False) -> onnx.ModelProto:
@@ -179,9 +176,8 @@ def infer_shapes(model: ModelSource, *, strict: bool = False) -> onnx.ModelProto
     too.
     """
     proto = load_model(model, check_external=False)  # the pass checks external data as it seeds
-    with _no_gc():
-        result = _Pass(proto, strict=strict, label=_source_label(model)).run(None)
-        return write_back(proto, result)
+    result = _Pass(proto, strict=strict, label=_source_label(model)).run(None)
+    return write_back(proto, result)
 
 
 def infer_values(model: ModelSource, input_shapes: Mapping[str, Iterable[Any]] | None = None, *,
@@ -212,8 +208,7 @@ def check(model: ModelSource) -> tuple[list[Diagnostic], InferenceResult]:
         onnx.checker.check_model(os.fspath(model) if is_file else proto)
     except Exception as e:  # onnx raises ValidationError, but also C++ errors of other kinds
         found.append(Diagnostic(MODEL_NODE, "onnx.checker", one_line(e)))
-    with _no_gc():
-        result = _Pass(proto, strict=False).run(None)
+    result = _Pass(proto, strict=False).run(None)
     found.extend(result.diagnostics)
     return found, result
 
@@ -226,29 +221,13 @@ def check_model(model: ModelSource) -> list[Diagnostic]:
     return check(model)[0]
 
 
-@contextmanager
-def _no_gc():
-    """The pass allocates many small objects and frees none of them until it ends: the cyclic
-    garbage collector would re-scan them again and again (half the pass on big models), so
-    it is paused for the pass and resumed as it was."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 # ------------------------------------------------------------------ write-back
 def write_back(model: onnx.ModelProto, result: InferenceResult) -> onnx.ModelProto:
     """A copy of ``model`` carrying the result: value_info for intermediates (in subgraph
     bodies too), typed graph outputs."""
-    with _no_gc():
-        out = onnx.ModelProto()
-        out.CopyFrom(model)
-        writer = _Writer(result)
-        writer.graph(out.graph, model.graph, result.main, top=True)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    _Writer(result).graph(out.graph, model.graph, result.main, top=True)
     return out
 
 
