@@ -39,3 +39,34 @@ def no_gpu(reason: str):
     if gpu_required():
         pytest.fail(f"no usable wgpu adapter in CI: {reason}")
     pytest.skip(f"no usable wgpu adapter: {reason}")
+
+
+def gpu_device(kind: str = "best"):
+    """A wgpu device for tests, with WebGPU default limits so tests never depend on big ones.
+
+    ``kind``: ``"best"`` (the default adapter), ``"best-no-subgroup"`` (same adapter, no
+    optional features, to exercise the workgroup-memory paths) or ``"opengl"`` (skipped
+    where no OpenGL adapter exists: it is an extra, not the adapter CI requires).
+    A missing adapter goes through :func:`no_gpu` (fail in CI, skip elsewhere).
+    """
+    from backend_wgpu.device import get_device, list_adapters
+    from onnx_quant.errors import DeviceError
+
+    try:
+        adapters = list_adapters()
+    except DeviceError as e:
+        no_gpu(str(e))
+    if not adapters:
+        no_gpu("wgpu lists no adapter")
+    try:
+        if kind == "best":
+            return get_device(None, limits="default")
+        if kind == "best-no-subgroup":
+            return get_device(None, limits="default", features=())
+        if kind == "opengl":
+            if not any(a.backend == "OpenGL" for a in adapters):
+                pytest.skip("no OpenGL adapter here")
+            return get_device("opengl", limits="default")
+    except DeviceError as e:
+        no_gpu(str(e))
+    raise ValueError(f"unknown device kind {kind!r}")

@@ -20,35 +20,16 @@ from hypothesis.extra import numpy as hnp
 
 from backend_wgpu.commands import dql_model, numpy_dynamic_quantize_linear
 from backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS
-from onnx_quant.errors import DeviceError, ExecutionError
+from onnx_quant.errors import ExecutionError
 
 VARIANTS = ("single_invocation", "parallel_subgroup_reduce_vec4", "parallel_subgroup_reduce",
             "grid_stride_reduce_vec4", "grid_stride_reduce")
 
 
 def _device(kind: str):
-    from conftest import no_gpu
+    from conftest import gpu_device
 
-    from backend_wgpu.device import get_device, list_adapters
-
-    try:
-        adapters = list_adapters()
-    except DeviceError as e:
-        no_gpu(str(e))
-    if not adapters:
-        no_gpu("wgpu lists no adapter")
-    try:
-        if kind == "best":
-            return get_device(None, limits="default")
-        if kind == "best-no-subgroup":
-            return get_device(None, limits="default", features=())
-        if kind == "opengl":
-            if not any(a.backend == "OpenGL" for a in adapters):
-                pytest.skip("no OpenGL adapter here")
-            return get_device("opengl", limits="default")
-    except DeviceError as e:
-        no_gpu(str(e))
-    raise AssertionError(kind)
+    return gpu_device(kind)
 
 
 @pytest.fixture(scope="module", params=["best", "best-no-subgroup", "opengl"])

@@ -32,7 +32,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from onnx_quant.dtypes import type_name
-from onnx_quant.errors import DeviceError, ExecutionError, QuantError
+from onnx_quant.errors import ExecutionError, QuantError
 
 # tunables that gate variants, set so that every variant's size clause holds
 FORCE_TUNABLES = {"COARSE_MIN_WORDS": 0, "TILED_MIN_MACS": 0, "SERIAL_MAX_ELEMENTS": 10**9,
@@ -46,26 +46,9 @@ RAN: set[tuple[str, str]] = set()
 # ----------------------------------------------------------------------------- devices
 
 def _device(kind: str):
-    from conftest import no_gpu
+    from conftest import gpu_device
 
-    from backend_wgpu.device import get_device, list_adapters
-
-    try:
-        adapters = list_adapters()
-    except DeviceError as e:
-        no_gpu(str(e))
-    if not adapters:
-        no_gpu("wgpu lists no adapter")
-    try:
-        if kind == "best":
-            return get_device(None, limits="default")
-        if kind == "opengl":
-            if not any(a.backend == "OpenGL" for a in adapters):
-                pytest.skip("no OpenGL adapter here")
-            return get_device("opengl", limits="default")
-    except DeviceError as e:
-        no_gpu(str(e))
-    raise AssertionError(kind)
+    return gpu_device(kind)
 
 
 @pytest.fixture(scope="module")
