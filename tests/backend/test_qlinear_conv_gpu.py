@@ -430,7 +430,8 @@ def test_geometry_is_derived_from_attributes():
 
 @pytest.mark.parametrize("attrs,y_shape,clause", [
     ({"group": 3}, (1, 4, 4, 4), "convShapesAgree"),
-    ({"group": 2, "pads": [1, 1, 1]}, (1, 4, 4, 4), None),
+    ({"group": 2, "pads": [1, 1, 1]}, (1, 4, 4, 4), "attributesValid"),
+    ({"group": 2, "dilations": [1]}, (1, 4, 4, 4), "attributesValid"),
     ({"group": 2, "strides": [1, 1, 1]}, (1, 4, 4, 4), "attributesValid"),
     ({"group": 2, "strides": [0, 1]}, (1, 4, 4, 4), "attributesValid"),
     ({"group": 2, "auto_pad": "SAME"}, (1, 4, 4, 4), "attributesValid"),
