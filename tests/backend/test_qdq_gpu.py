@@ -3,12 +3,12 @@ runs the case): every opset version, element type and granularity, every variant
 
 Integer and narrow-float outputs are compared bit for bit. Float outputs too (the kernels
 reproduce the reference's float32 arithmetic and casts exactly), except that NaN payloads
-are not compared. One documented deviation (docs/backend.md, "QuantizeLinear /
-DequantizeLinear"): for integer y the reference converts rint(x / scale) to int32 before
-saturating, so quotients beyond the int32 range and infinities wrap to INT32_MIN and come
-out as the type's minimum; the kernels saturate them as ONNX specifies and onnxruntime does
-(+ -> maximum, - -> minimum). `expected_outputs` applies exactly that rule to the
-reference's result, and a test measures it against onnxruntime.
+are not compared. One documented deviation (docs/qdq.md, "Integer y: out-of-range
+quotients and NaN"): for integer y the reference converts rint(x / scale) to int32 before
+adding the zero point and saturating, so quotients beyond the int32 range, infinities and NaN
+wrap; the kernels saturate them as ONNX specifies and onnxruntime does (+ -> maximum,
+- and NaN -> minimum). `expected_outputs` applies exactly that rule to the reference's
+result, and a test checks it against onnxruntime.
 """
 
 from __future__ import annotations
@@ -534,9 +534,9 @@ def test_two_dimensional_grid_and_small_workgroups(best):
         assert_same(run_gpu(small, model, feeds, variant=variant, tunables=tun), expected, variant)
     model, feeds, expected = check_case(best, "DequantizeLinear", 28, "int4", "float32", "float32", (6, 37), "block",
                                         block=5)
-    for wg in (4, 16, 32):
-        assert_same(run_gpu(small, model, feeds, variant="general", tunables={"WORKGROUP_SIZE": wg}), expected,
-                    f"wg={wg}")
+    for wg, words in ((4, 1), (16, 3), (32, 4), (8, 7)):
+        tun = {"WORKGROUP_SIZE": wg, "WORDS_PER_THREAD": words}
+        assert_same(run_gpu(small, model, feeds, variant="general", tunables=tun), expected, f"{tun}")
 
 
 def test_shader_f16_and_manual_f16_decoding_agree(best):
@@ -755,7 +755,7 @@ def test_onnxruntime_agrees_where_it_runs(best):
 
 
 def test_measured_onnxruntime_reference_disagreements(best):
-    """Pinned measurements (docs/backend.md): (1) float16 x and scale: the reference divides in
+    """Pinned measurements (docs/qdq.md): (1) float16 x and scale: the reference divides in
     float16, onnxruntime in float32, which differs for int16/uint16 y; (2) int32 x with a zero
     point: the reference subtracts in float64, onnxruntime in (wrapping) int32. The kernels
     follow the reference in both."""
