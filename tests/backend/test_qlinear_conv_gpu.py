@@ -426,6 +426,7 @@ def test_geometry_is_derived_from_attributes():
     pb, pe, _, _ = conv_geometry((1, 4, 6, 6), (4, 2, 3, 3), {"auto_pad": "SAME_LOWER", "strides": [2, 1]})
     assert [d["pb0"], d["pb1"], d["pe0"], d["pe1"]] == pb + pe
     assert (d["Kc"], d["P"], d["Mg"]) == (18, 18, 2)
+    assert _plan(_feeds(), {"group": 2}, y_shape=(1, 4, 4, 4), tunables={"PREFER_TILED": 1}).variant == "tiled"
 
 
 @pytest.mark.parametrize("attrs,y_shape,clause", [

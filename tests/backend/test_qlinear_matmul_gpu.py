@@ -711,6 +711,9 @@ def test_selection_rule_without_a_device():
     assert plan.selection["tiled"] == "tiledFits" and plan.selection["blocked"] == "blockedFits"
     with pytest.raises(ExecutionError, match="cannot force"):
         _plan(f, {"maxComputeWorkgroupStorageSize": 512}, variant="tiled")
+    # PREFER_TILED=1 (for devices where workgroup-memory tiles win) puts tiled first where it fits
+    assert _plan(f, tunables={"PREFER_TILED": 1}).variant == "tiled"
+    assert _plan(f, {"maxComputeWorkgroupStorageSize": 512}, tunables={"PREFER_TILED": 1}).variant == "blocked"
 
 
 @pytest.mark.parametrize("change,clause", [
