@@ -8,9 +8,10 @@ Models come from ``onnx_quant.model_zoo``: float models with a symbolic batch (a
 the CNN) quantized by ``onnxruntime.quantization`` with three blocks, then stamped out to
 the size (``model_zoo.sized``). Every tool gets the same ``ModelProto`` (without
 ``value_info``) and returns a model with the values typed; each is timed in one process,
-interleaved, median of ``--repeat`` runs (onnxruntime's, the slowest, ``--ort-repeat``).
+median of ``--repeat`` runs (onnxruntime's, the slowest, ``--ort-repeat``).
 All three are single-threaded, so the default clock is the process's CPU time, which a busy
-shared machine disturbs far less than wall time (``--clock wall`` for wall time).
+shared machine disturbs far less than wall time (``--clock wall`` for wall time). Each
+tool's runs come back to back, after one warm-up run of ours and onnx's.
 onnxruntime's pass may fail (it needs every op to be known and every dim resolvable): the
 failure is recorded in the table.
 
@@ -114,22 +115,15 @@ def measure(name: str, nodes: int, repeat: int, ort_repeat: int) -> dict:
            "bytes": model.ByteSize()}
     ours(model), onnx_cpp(model)  # warm up (imports, schema caches)
     results = {}
-    # interleave our runs with onnx's so that a busy machine slows both alike
-    ours_t, onnx_t = [], []
-    for _ in range(repeat):
-        t, out = timed(ours, model, 1)
-        ours_t.append(t)
-        results["ours"] = out
-        t, out = timed(onnx_cpp, model, 1)
-        onnx_t.append(t)
-        results["onnx"] = out
-    row["ours_s"], row["onnx_s"] = statistics.median(ours_t), statistics.median(onnx_t)
-    t, out = timed(ort_symbolic, model, ort_repeat)
-    row["ort_s"] = t
-    if t is None:
-        row["ort_error"] = out
-    else:
-        results["ort"] = out
+    # each tool's runs back to back (the first run of a series may pay for memory the
+    # previous tool freed: the median leaves it out)
+    for tool, fn, reps in (("ours", ours, repeat), ("onnx", onnx_cpp, repeat), ("ort", ort_symbolic, ort_repeat)):
+        t, out = timed(fn, model, reps)
+        row[f"{tool}_s"] = t
+        if t is None:
+            row[f"{tool}_error"] = out
+        else:
+            results[tool] = out
     for tool in ("ours", "onnx", "ort"):
         row[f"{tool}_typed"] = typed(results[tool], outputs) if tool in results else None
     return row
@@ -144,13 +138,18 @@ def table(rows: list[dict]) -> list[str]:
             "| typed: ours / onnx / onnxruntime (of) |")
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
-        ort_ratio = "—" if r["ort_s"] is None else f"{r['ours_s'] / r['ort_s']:.3f}"
-        ort_typed = "—" if r["ort_typed"] is None else str(r["ort_typed"])
-        lines.append(
-            f"| {r['model']} | {r['nodes']} | {fmt_ms(r['ours_s'])} | {fmt_ms(r['onnx_s'])} | "
-            f"{fmt_ms(r['ort_s'])}{' (' + r['ort_error'] + ')' if r.get('ort_error') else ''} | "
-            f"{r['ours_s'] / r['onnx_s']:.2f} | {ort_ratio} | {r['ours_s'] / r['nodes'] * 1e6:.1f} | "
-            f"{r['ours_typed']} / {r['onnx_typed']} / {ort_typed} ({r['values']}) |")
+        def ratio(other: str, digits: int) -> str:
+            a, b = r["ours_s"], r[f"{other}_s"]
+            return "—" if a is None or b is None else f"{a / b:.{digits}f}"
+
+        def cell(tool: str) -> str:
+            err = r.get(f"{tool}_error")
+            return fmt_ms(r[f"{tool}_s"]) + (f" ({err})" if err else "")
+
+        per_node = "—" if r["ours_s"] is None else f"{r['ours_s'] / r['nodes'] * 1e6:.1f}"
+        typed_counts = " / ".join("—" if r[f"{t}_typed"] is None else str(r[f"{t}_typed"]) for t in ("ours", "onnx", "ort"))
+        lines.append(f"| {r['model']} | {r['nodes']} | {cell('ours')} | {cell('onnx')} | {cell('ort')} | "
+                     f"{ratio('onnx', 2)} | {ratio('ort', 3)} | {per_node} | {typed_counts} ({r['values']}) |")
     return lines
 
 
@@ -162,6 +161,8 @@ def growth(rows: list[dict]) -> list[str]:
         if len(mine) < 2:
             continue
         a, b = mine[0], mine[-1]
+        if a["ours_s"] is None or b["ours_s"] is None:
+            continue
         per = lambda r: r["ours_s"] / r["nodes"]  # noqa: E731
         out.append(f"{name}: µs/node {per(a) * 1e6:.1f} at {a['nodes']} nodes, {per(b) * 1e6:.1f} at {b['nodes']} "
                    f"(x{per(b) / per(a):.2f} for x{b['nodes'] / a['nodes']:.1f} nodes)")
