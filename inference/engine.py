@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import os
 import re
-from itertools import repeat
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Iterable, Mapping
