@@ -42,26 +42,9 @@ def _examples(divisor: int = 3) -> int:
 # ----------------------------------------------------------------------------- devices
 
 def _device(kind: str):
-    from conftest import no_gpu
+    from conftest import gpu_device
 
-    from backend_wgpu.device import get_device, list_adapters
-
-    try:
-        adapters = list_adapters()
-    except DeviceError as e:
-        no_gpu(str(e))
-    if not adapters:
-        no_gpu("wgpu lists no adapter")
-    try:
-        if kind == "best":
-            return get_device(None, limits="default")
-        if kind == "opengl":
-            if not any(a.backend == "OpenGL" for a in adapters):
-                pytest.skip("no OpenGL adapter here")
-            return get_device("opengl", limits="default")
-    except DeviceError as e:
-        no_gpu(str(e))
-    raise AssertionError(kind)
+    return gpu_device(kind)
 
 
 @pytest.fixture(scope="module")
