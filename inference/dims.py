@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Union
 
 from onnx import TensorShapeProto
@@ -34,16 +35,24 @@ class _Floor:
     num: "Dim"
     den: int
 
-    def text(self) -> str:
+    @cached_property
+    def _text(self) -> str:  # sort keys ask for it over and over
         return f"floor(({self.num.text()}) / {self.den})"
+
+    def text(self) -> str:
+        return self._text
 
 
 @dataclass(frozen=True, order=True)
 class _Max:
     args: tuple  # of Dim, sorted, at least two
 
-    def text(self) -> str:
+    @cached_property
+    def _text(self) -> str:
         return "max(" + ", ".join(a.text() for a in self.args) + ")"
+
+    def text(self) -> str:
+        return self._text
 
 
 def _atom_key(atom) -> tuple:
@@ -65,8 +74,12 @@ class Dim:
     def __lt__(self, other: "Dim") -> bool:  # for sorting max() args canonically
         return self.text() < other.text()
 
-    def text(self) -> str:
+    @cached_property
+    def _text(self) -> str:  # canonical ordering sorts by text: compute it once per Dim
         return _terms_text(self.terms)
+
+    def text(self) -> str:
+        return self._text
 
     def __str__(self) -> str:
         return self.text()

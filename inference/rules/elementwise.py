@@ -70,8 +70,12 @@ _SYM_COMPARE = {"Equal": _sym_equal, "Less": _sym_less, "Greater": _sym_greater}
 
 
 def _binary_value(op: str, a: TensorInfo, b: TensorInfo, out_type: int, np_ops, sym_ops):
-    va, vb = a.value, b.value
-    if va is None or vb is None or not out_type or va.size > MAX_VALUE_ELEMS or vb.size > MAX_VALUE_ELEMS:
+    # read b's value only when a has one: every read ties the node's memo entry to that constant
+    va = a.value
+    if va is None:
+        return None
+    vb = b.value
+    if vb is None or not out_type or va.size > MAX_VALUE_ELEMS or vb.size > MAX_VALUE_ELEMS:
         return None
     try:
         if va.dtype.kind != "O" and vb.dtype.kind != "O":
