@@ -21,18 +21,12 @@ import re
 import unittest
 import warnings
 
-import pytest
-
-try:
-    import backend_wgpu
-
-    backend = backend_wgpu.backend
-except (ImportError, AttributeError) as e:  # the graph executor's onnx backend is still being built
-    pytest.skip(f"backend_wgpu.backend is not available yet: {e}", allow_module_level=True)
-
 from onnx.backend.test import BackendTest
 
+import backend_wgpu
 from backend_wgpu.conformance import case_names
+
+backend = backend_wgpu.backend
 
 _NAMES = case_names()
 assert len(_NAMES) >= 45, _NAMES  # onnx 1.23: 45 cases of the family at opset 28

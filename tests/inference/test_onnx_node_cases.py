@@ -17,7 +17,7 @@ import pytest
 from onnx import numpy_helper
 
 import inference.rules  # noqa: F401
-from inference import registry
+from inference import infer_shapes, registry
 from inference.context import ShapesContext, TensorInfo
 from inference.registry import NodeContext
 
@@ -81,7 +81,6 @@ def declared_outputs(model: onnx.ModelProto) -> dict[str, TensorInfo]:
 
 @pytest.mark.parametrize("name", EXPECTED_NAMES)
 def test_node_case_through_infer_shapes(name):
-    infer_shapes = pytest.importorskip("inference.engine").infer_shapes
     model = family_cases()[name]
     want = declared_outputs(model)
     got = infer_shapes(stripped(model), strict=True)
