@@ -56,21 +56,6 @@ MODELS = {
     "mlp": (dict(layers=2, features=16, hidden=16), {"N": 3}),
     "transformer": (dict(blocks=1, d_model=16, heads=2, ffn=32), {"B": 2, "S": 4}),
 }
-#: (family, format) -> ops with no GPU kernel yet: those cases must fail today (xfail),
-#: and show as XPASS the day the kernels land (then drop the entry)
-NO_KERNEL_YET = {
-    ("transformer", "qoperator"): "LayerNormalization, Gelu",
-    ("transformer", "qdq"): "LayerNormalization, Gelu",
-    ("transformer", "dynamic"): "LayerNormalization, Gelu",
-}
-
-
-def _case(fam, fmt, pc):
-    reason = NO_KERNEL_YET.get((fam, fmt))
-    marks = [pytest.mark.xfail(strict=False, reason=f"no GPU kernel yet for {reason}")] if reason else []
-    return pytest.param((fam, fmt, pc), marks=marks, id=_ids((fam, fmt, pc)))
-
-
 CASES = [(fam, fmt, pc) for fam in MODELS for fmt in model_zoo.FORMATS for pc in (False, True)]
 
 
@@ -163,7 +148,7 @@ def run_on_gpu(model, device, feeds_list):
         session.close()
 
 
-@pytest.mark.parametrize("case", [_case(*c) for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_quantized_model_matches_onnxruntime(case, device):
     family, fmt, per_channel = case
     model = quantized_model(family, fmt, per_channel)
