@@ -70,3 +70,15 @@ def gpu_device(kind: str = "best"):
     except DeviceError as e:
         no_gpu(str(e))
     raise ValueError(f"unknown device kind {kind!r}")
+
+
+@pytest.fixture(scope="module")
+def best():
+    """The default adapter with WebGPU default limits (GPU test modules may define their own)."""
+    return gpu_device("best")
+
+
+@pytest.fixture(scope="module", params=["best", "opengl"])
+def dev(request):
+    """The default adapter, then the OpenGL one where present (no subgroups, no f16)."""
+    return gpu_device(request.param)

@@ -23,8 +23,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnx_quant.errors import ExecutionError
-from test_float_kernels_gpu import (  # noqa: F401  (fixtures)
-    assert_same_bits, best, dev, fma_f32, node_model, ort_run, run_all_variants, run_node,
+from test_float_kernels_gpu import (
+    assert_same_bits, fma_f32, node_model, ort_run, run_all_variants, run_node,
 )
 
 F32 = np.float32

@@ -51,16 +51,6 @@ def _device(kind: str):
     return gpu_device(kind)
 
 
-@pytest.fixture(scope="module")
-def best():
-    return _device("best")
-
-
-@pytest.fixture(scope="module", params=["best", "opengl"])
-def dev(request):
-    return _device(request.param)
-
-
 # ----------------------------------------------------------------------------- harness
 
 def node_model(op: str, inputs, outputs, *, attrs=None, domain: str = "", opset: int = 17,

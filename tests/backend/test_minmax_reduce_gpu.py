@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from test_float_kernels_gpu import (  # noqa: F401  (fixtures)
-    assert_same_bits, best, data, node_model, ref_run, run_all_variants, run_node,
+from test_float_kernels_gpu import (
+    assert_same_bits, data, node_model, ref_run, run_all_variants, run_node,
 )
 
 

@@ -38,16 +38,6 @@ def _device(kind: str):
     return gpu_device(kind)
 
 
-@pytest.fixture(scope="module")
-def best():
-    return _device("best")
-
-
-@pytest.fixture(scope="module", params=["best", "opengl"])
-def dev(request):
-    return _device(request.param)
-
-
 # ----------------------------------------------------------------------------- models
 
 def _vi(name, arr):
