@@ -11,7 +11,12 @@ the size (``model_zoo.sized``). Every tool gets the same ``ModelProto`` (without
 median of ``--repeat`` runs (onnxruntime's, the slowest, ``--ort-repeat``).
 All three are single-threaded, so the default clock is the process's CPU time, which a busy
 shared machine disturbs far less than wall time (``--clock wall`` for wall time). Each
-tool's runs come back to back, after one warm-up run of ours and onnx's.
+tool runs once per round (after one warm-up run of ours and onnx's), so that a shared
+machine's drifts fall on all of them alike, and each run starts with every earlier result
+freed. The "copy" column times ``ModelProto.CopyFrom`` of the
+same model the same way: every one of the three tools returns a new model and so pays at
+least that (for the 8k-node models, mostly page faults on fresh memory), which bounds the
+ratio any of them can reach.
 onnxruntime's pass may fail (it needs every op to be known and every dim resolvable): the
 failure is recorded in the table.
 
@@ -93,18 +98,26 @@ CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
 clock = CLOCKS["cpu"]
 
 
-def timed(fn, model, repeat: int):
-    """(median seconds, result model) or (None, error text)."""
-    times, out = [], None
-    for _ in range(repeat):
-        gc.collect()
-        t = clock()
-        try:
-            out = fn(model)
-        except Exception as e:  # onnxruntime's pass gives up on some models: that is a result
-            return None, f"{type(e).__name__}: {' '.join(str(e).split())[:80]}"
-        times.append(clock() - t)
-    return statistics.median(times), out
+def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    """What returning a typed model costs before any inference: a copy of the input (weights
+    included), as each of the three tools makes. Timed beside them as the floor."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
+
+
+def timed_once(fn, model):
+    """(seconds, result model) or (None, error text); the caller has freed earlier results."""
+    gc.collect()
+    t = clock()
+    try:
+        out = fn(model)
+    except Exception as e:  # onnxruntime's pass gives up on some models: that is a result
+        return None, f"{type(e).__name__}: {' '.join(str(e).split())[:80]}"
+    return clock() - t, out
+
+
+TOOLS = (("copy", copy_model), ("ours", ours), ("onnx", onnx_cpp), ("ort", ort_symbolic))
 
 
 def measure(name: str, nodes: int, repeat: int, ort_repeat: int) -> dict:
@@ -114,16 +127,25 @@ def measure(name: str, nodes: int, repeat: int, ort_repeat: int) -> dict:
     row = {"model": name, "nodes": len(model.graph.node), "values": len(outputs),
            "bytes": model.ByteSize()}
     ours(model), onnx_cpp(model)  # warm up (imports, schema caches)
-    results = {}
-    # each tool's runs back to back (the first run of a series may pay for memory the
-    # previous tool freed: the median leaves it out)
-    for tool, fn, reps in (("ours", ours, repeat), ("onnx", onnx_cpp, repeat), ("ort", ort_symbolic, ort_repeat)):
-        t, out = timed(fn, model, reps)
-        row[f"{tool}_s"] = t
-        if t is None:
-            row[f"{tool}_error"] = out
-        else:
-            results[tool] = out
+    # rounds of one run per tool, so that the machine's drifts (it is shared) fall on all
+    # three alike; the slowest tool, onnxruntime, runs in the first ort_repeat rounds only
+    times: dict[str, list[float]] = {tool: [] for tool, _ in TOOLS}
+    results, errors = {}, {}
+    for r in range(max(repeat, ort_repeat)):
+        for tool, fn in TOOLS:
+            if tool in errors or r >= (ort_repeat if tool == "ort" else repeat):
+                continue
+            results.pop(tool, None)  # no run pays for an earlier result still alive
+            t, out = timed_once(fn, model)
+            if t is None:
+                errors[tool] = out
+            else:
+                times[tool].append(t)
+                results[tool] = out
+    for tool, _ in TOOLS:
+        row[f"{tool}_s"] = statistics.median(times[tool]) if times[tool] and tool not in errors else None
+        if tool in errors:
+            row[f"{tool}_error"] = errors[tool]
     for tool in ("ours", "onnx", "ort"):
         row[f"{tool}_typed"] = typed(results[tool], outputs) if tool in results else None
     return row
@@ -134,12 +156,12 @@ def fmt_ms(s: float | None) -> str:
 
 
 def table(rows: list[dict]) -> list[str]:
-    head = ("| model | nodes | ours ms | onnx ms | onnxruntime ms | ours/onnx | ours/onnxruntime | ours µs/node "
-            "| typed: ours / onnx / onnxruntime (of) |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    head = ("| model | nodes | ours ms | onnx ms | onnxruntime ms | ours/onnx | ours/onnxruntime | copy ms "
+            "| copy/onnxruntime | ours µs/node | typed: ours / onnx / onnxruntime (of) |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
-        def ratio(other: str, digits: int) -> str:
-            a, b = r["ours_s"], r[f"{other}_s"]
+        def ratio(other: str, digits: int, mine: str = "ours") -> str:
+            a, b = r[f"{mine}_s"], r[f"{other}_s"]
             return "—" if a is None or b is None else f"{a / b:.{digits}f}"
 
         def cell(tool: str) -> str:
@@ -149,7 +171,8 @@ def table(rows: list[dict]) -> list[str]:
         per_node = "—" if r["ours_s"] is None else f"{r['ours_s'] / r['nodes'] * 1e6:.1f}"
         typed_counts = " / ".join("—" if r[f"{t}_typed"] is None else str(r[f"{t}_typed"]) for t in ("ours", "onnx", "ort"))
         lines.append(f"| {r['model']} | {r['nodes']} | {cell('ours')} | {cell('onnx')} | {cell('ort')} | "
-                     f"{ratio('onnx', 2)} | {ratio('ort', 3)} | {per_node} | {typed_counts} ({r['values']}) |")
+                     f"{ratio('onnx', 2)} | {ratio('ort', 3)} | {cell('copy')} | {ratio('ort', 3, 'copy')} | "
+                     f"{per_node} | {typed_counts} ({r['values']}) |")
     return lines
 
 

@@ -24,7 +24,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
     result = infer(model, strict=args.strict)
     summary = summarize(result)
     if args.output:
-        if not _save(write_back(model, result), args.output, "infer"):
+        if not _save(write_back(model, result, copy=False), args.output, "infer"):
             return EXIT_UNUSABLE
         print(f"wrote {args.output}: {summary}")
     else:

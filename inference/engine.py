@@ -130,8 +130,10 @@ class InferenceResult:
     @property
     def nodes(self) -> list[NodeRecord]:
         if self._nodes is None or len(self._nodes) != len(self._records):
-            self._nodes = [NodeRecord(i, _label(node, i), _norm(node.domain), node.op_type, source, version)
-                           for i, node, source, version in self._records]
+            nodes = self.main.nodes  # type: ignore[attr-defined]
+            self._nodes = [NodeRecord(i, _label(node, i), _norm(node.domain), node.op_type, *(
+                           (r.source, r.version) if type(r) is _Entry else r))
+                           for i, (node, r) in enumerate(zip(nodes, self._records))]
         return self._nodes
 
     @property
@@ -176,7 +178,9 @@ def infer_shapes(model: ModelSource, *, strict: bool = False) -> onnx.ModelProto
     """
     proto = load_model(model, check_external=False)  # the pass checks external data as it seeds
     result = _Pass(proto, strict=strict, label=_source_label(model)).run(None)
-    return write_back(proto, result)
+    # a model parsed here from a path or bytes is nobody else's: typed in place, its weights
+    # are not copied (for a big model the copy, fresh pages, costs more than the pass)
+    return write_back(proto, result, copy=isinstance(model, onnx.ModelProto))
 
 
 def infer_values(model: ModelSource, input_shapes: Mapping[str, Iterable[Any]] | None = None, *,
@@ -221,40 +225,48 @@ def check_model(model: ModelSource) -> list[Diagnostic]:
 
 
 # ------------------------------------------------------------------ write-back
-def write_back(model: onnx.ModelProto, result: InferenceResult) -> onnx.ModelProto:
-    """A copy of ``model`` carrying the result: value_info for intermediates (in subgraph
-    bodies too), typed graph outputs."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    _Writer(result).graph(out.graph, model.graph, result.main, top=True)
+def write_back(model: onnx.ModelProto, result: InferenceResult, *, copy: bool = True) -> onnx.ModelProto:
+    """``model`` carrying the result: value_info for intermediates (in subgraph bodies too),
+    typed graph outputs. A copy, unless ``copy=False``: then ``model`` itself is updated and
+    returned (for a model nothing else holds)."""
+    if copy:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+    else:
+        out = model
+    _Writer(result, in_place=not copy).graph(out.graph, model.graph, result.main, top=True)
     return out
 
 
 class _Writer:
-    def __init__(self, result: InferenceResult) -> None:
+    def __init__(self, result: InferenceResult, *, in_place: bool = False) -> None:
         self.result = result
         self.owner = result.owner
+        self.in_place = in_place  # the graphs written are the ones read
 
     def graph(self, graph: onnx.GraphProto, source: onnx.GraphProto, g: "_Graph", *, top: bool) -> None:
         scope, typebytes = g.scope, self.owner.type_bytes
         local = scope._values
         other = scope.other
         skip = {v.name for v in source.input} | {v.name for v in source.output} | {""}
-        skip |= g.initializer_names if g.initializer_names is not None else {t.name for t in source.initializer}
+        skip.update(g.initializer_names if g.initializer_names is not None else [t.name for t in source.initializer])
         skip |= {t.values.name for t in source.sparse_initializer}
         existing = {vi.name: vi for vi in source.value_info} if len(source.value_info) else {}
+        if existing and self.in_place:  # in place: keep the old annotations past their deletion
+            existing = {name: onnx.ValueInfoProto.FromString(vi.SerializeToString()) for name, vi in existing.items()}
         del graph.value_info[:]
         parts: list[bytes] = []
-        emitted: set[str] = set()
+        seen = skip  # names skipped or written already
         type_parts: dict[int, bytes] = {}
         varint = _varint
+        plain = not existing and not other  # the common case: each type's bytes once per TensorInfo
         for name in g.produced:
-            if name in skip or name in emitted:
+            if name in seen:
                 continue
-            emitted.add(name)
+            seen.add(name)
             info = local.get(name)
-            tpart = type_parts.get(id(info))
-            if tpart is None or existing or (other and name in other):
+            tpart = type_parts.get(id(info)) if plain else None
+            if tpart is None:
                 old = existing.get(name) if existing else None
                 tp = other.get(name) if other else None
                 if tp is not None:
@@ -264,7 +276,7 @@ class _Writer:
                 elif old is not None:
                     tb = old.type.SerializeToString()
                 else:
-                    emitted.discard(name)
+                    seen.discard(name)
                     continue
                 tpart = b"\x12" + varint(len(tb)) + tb  # ValueInfoProto.type = 2
                 if tp is None and old is None:
@@ -278,7 +290,7 @@ class _Writer:
             parts += (b"\x6a", varint(1 + len(nl) + len(nb) + len(tpart)), b"\x0a", nl, nb, tpart)
         # annotations of names the pass never produced are kept as they were
         for name, old in existing.items():
-            if name not in emitted and name not in skip:
+            if name not in seen:
                 vb = old.SerializeToString()
                 parts.append(b"\x6a" + varint(len(vb)) + vb)
         if parts:
@@ -565,10 +577,11 @@ class _Graph:
         self.declared: dict[str, tuple[TensorInfo, bool]] = {}
         self.typed_by: dict[str, str] = {}
         self.produced: list[str] = []
+        # main graph only, one per node in order: the ``_Entry`` of a memo hit, else (source, version)
         self.records: list | None = [] if top else None
         self.children: dict[tuple, "_Graph"] = {}
         self.final_outputs: dict[str, TensorInfo] = {}
-        self.initializer_names: set | None = None
+        self.initializer_names: dict | None = None  # the main graph's, as an ordered set
         self.get = scope.get
 
 
@@ -674,23 +687,29 @@ class _Pass:
 
     def walk(self, g: _Graph) -> None:
         """Type every node of ``g`` in order. The loop is the memo's hit path: build the node's
-        key, and on a hit set the cached outputs; everything else is ``_slow_node``."""
+        key, and on a hit set the cached outputs; everything else is ``_slow_node``. Reading
+        a node's fields from protobuf is most of a hit's cost, so each is read once, and
+        single-output nodes (most of them) skip the general output loop."""
         dispatch = g.dispatch
         scope = g.scope
-        kids_get = scope.kids.get
         kids = scope.kids
+        kids_get = kids.get
         kid_of = self._kid_of
         values = scope._values
         contains = values.__contains__ if scope.parent is None else scope.__contains__
         typed_by = g.typed_by
         declared = g.declared
         produced = g.produced
+        add_produced = produced.append
         records = g.records
+        record = records.append if records is not None else None
         has_functions = bool(self.functions)
         slow = self._slow_node
-        for index, node in enumerate(g.nodes):
-            op = node.op_type
-            dkey = (node.domain, op, node.overload) if has_functions else (node.domain, op)
+        content_key = self._content_key
+        index = -1
+        for node in g.nodes:
+            index += 1
+            dkey = (node.domain, node.op_type, node.overload) if has_functions else (node.domain, node.op_type)
             entry = dispatch.get(dkey)
             if entry is None:
                 entry = self._entry(g, node, dkey)
@@ -712,7 +731,7 @@ class _Pass:
                     slow(g, index, node, entry, None)
                     continue
             attrs = node.attribute
-            if len(attrs):
+            if attrs:
                 for a in attrs:
                     t = a.type
                     if t == 5 or t == 10:  # GRAPH, GRAPHS: bodies read outer-scope values
@@ -723,8 +742,9 @@ class _Pass:
                     slow(g, index, node, entry, None)
                     continue
             outputs = node.output[:]
+            single = len(outputs) == 1 and outputs[0]
             key.append(len(outputs))
-            if "" in outputs:
+            if not single and "" in outputs:
                 key.append(tuple(map(bool, outputs)))
             key = tuple(key)
             cached = memo.get(key)
@@ -732,22 +752,32 @@ class _Pass:
                 if cached is _NEVER:  # ... big ones: not memoized at all
                     slow(g, index, node, entry, None)
                     continue
-                cached = memo.get(self._content_key(g, node, key, cached.indices))
+                cached = memo.get(content_key(g, node, key, cached.indices))
             if cached is None:
                 slow(g, index, node, entry, key)
                 continue
-            described = entry.described
-            for name, out in zip(outputs, cached):
-                if name:
-                    if contains(name):
-                        self._redefined(g, index, node, name)
-                    values[name], kids[name] = out
-                    typed_by[name] = described
-                    if declared and name in declared:
-                        self._merge_declared(g, self.node_ctx(g, index, node, entry), name, out[0])
-            produced.extend(outputs)
-            if records is not None:
-                records.append((index, node, entry.source, entry.version))
+            if single:
+                if contains(single):
+                    self._redefined(g, index, node, single)
+                out = cached[0]
+                values[single], kids[single] = out
+                typed_by[single] = entry.described
+                if single in declared:
+                    self._merge_declared(g, self.node_ctx(g, index, node, entry), single, out[0])
+                add_produced(single)
+            else:
+                described = entry.described
+                for name, out in zip(outputs, cached):
+                    if name:
+                        if contains(name):
+                            self._redefined(g, index, node, name)
+                        values[name], kids[name] = out
+                        typed_by[name] = described
+                        if name in declared:
+                            self._merge_declared(g, self.node_ctx(g, index, node, entry), name, out[0])
+                produced.extend(outputs)
+            if record is not None:
+                record(entry)  # a hit: the entry says how (see InferenceResult.nodes)
 
     def _kid_of(self, g: _Graph, name: str) -> int | None:
         """Memo key id of the value ``name`` (None if it is not defined)."""
@@ -780,7 +810,7 @@ class _Pass:
         for name in input_names.intersection(names):  # only a default the caller may override: not a constant
             info = g.scope[name]
             values[name] = TensorInfo(info.elem_type, info.shape)
-        g.initializer_names = set(names)
+        g.initializer_names = names
         kids = g.scope.kids
         for name in input_names:
             kids.pop(name, None)
@@ -806,9 +836,10 @@ class _Pass:
             self._override_inputs(g, input_shapes, input_names)
         self.seed_declared(g)
 
-    def _seed_initializers(self, g: _Graph, inits) -> list[str]:
+    def _seed_initializers(self, g: _Graph, inits) -> dict[str, str]:
         """Each initializer's memo key id (its type and shape: one read of the proto each, the
-        hottest loop of big models); the value stays the proto until something reads it."""
+        hottest loop of big models); the value stays the proto until something reads it.
+        Returns name -> ``"initializer"`` in graph order (also the initializers' ordered set)."""
         values, kids, key_ids = g.scope._values, g.scope.kids, self._key_ids
         names = []
         append = names.append
@@ -825,8 +856,9 @@ class _Pass:
             kids[name] = kid
             values[name] = t
             append(name)
-        g.typed_by.update(dict.fromkeys(names, SOURCE_INITIALIZER))
-        return names
+        typed = dict.fromkeys(names, SOURCE_INITIALIZER)
+        g.typed_by.update(typed)
+        return typed
 
     def seed_declared(self, g: _Graph) -> None:
         graph = g.proto
@@ -1067,7 +1099,7 @@ class _Pass:
                     self._merge_declared(g, n, name, values[name])
         g.produced.extend(node.output)
         if g.records is not None:
-            g.records.append((index, node, source, entry.version if source != SOURCE_UNKNOWN else None))
+            g.records.append((source, entry.version if source != SOURCE_UNKNOWN else None))
 
     def _memoize(self, g: _Graph, node, entry: _Entry, key: tuple, outs: tuple, reads: list) -> None:
         memo = entry.memo

@@ -267,6 +267,20 @@ def test_nested_bodies_get_value_info_and_problems_name_the_path():
     assert by_name(inner)["e"] == TensorInfo(F, (N, 7))
 
 
+def test_a_model_given_as_bytes_is_typed_in_place_exactly_as_a_copy_would_be():
+    # infer_shapes types a model it parsed itself in place (no weight copy): the result must
+    # not differ from the copy it returns for a ModelProto, bodies and old value_info included
+    model = if_model([0, 6], [0, 6])
+    noted = inference.infer_shapes(model)  # value_info in every body now: the in-place path keeps them
+    for source in (model, noted):
+        before = source.SerializeToString()
+        copied = inference.infer_shapes(source)
+        assert source.SerializeToString() == before  # a ModelProto is never touched
+        in_place = inference.infer_shapes(before)
+        assert in_place.SerializeToString() == copied.SerializeToString()
+        assert by_name(body_of(in_place, 0, "then_branch"))["t_relu"] == TensorInfo(F, (N, 6))
+
+
 def test_unknown_domain_inside_a_body_is_unknown_lenient_and_an_error_strict():
     body = helper.make_graph([helper.make_node("Mystery", ["x"], ["t"], domain="com.example", name="m")], "then", [],
                              [vi("t", F, None)])
