@@ -11,12 +11,13 @@ the size (``model_zoo.sized``). Every tool gets the same ``ModelProto`` (without
 median of ``--repeat`` runs (onnxruntime's, the slowest, ``--ort-repeat``).
 All three are single-threaded, so the default clock is the process's CPU time, which a busy
 shared machine disturbs far less than wall time (``--clock wall`` for wall time). Each
-tool runs once per round (after one warm-up run of ours and onnx's), so that a shared
-machine's drifts fall on all of them alike, and each run starts with every earlier result
-freed. The "copy" column times ``ModelProto.CopyFrom`` of the
+tool's runs come back to back (``--order rounds``: one run of each per round), after one
+warm-up run of each, and each run starts with every earlier result freed. The "copy" column times ``ModelProto.CopyFrom`` of the
 same model the same way: every one of the three tools returns a new model and so pays at
-least that (for the 8k-node models, mostly page faults on fresh memory), which bounds the
-ratio any of them can reach.
+least that (for the big models, mostly page faults on fresh memory, so it varies with what
+the allocator kept from the run before). The "reads" column (``python_reads``) times the
+protobuf reads any pass written in Python must make; copy + reads is a floor that a Python
+pass returning a new model cannot go below, and its ratio to onnxruntime's time is printed.
 onnxruntime's pass may fail (it needs every op to be known and every dim resolvable): the
 failure is recorded in the table.
 
@@ -106,6 +107,24 @@ def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
+def python_reads(model: onnx.ModelProto) -> dict:
+    """The least a pass written in Python must do besides copying the model: read each
+    node's domain, op type, inputs, outputs and attributes and each initializer's name,
+    location, type and dims from protobuf once, and keep the names in a dict. No inference."""
+    names: dict = {}
+    for t in model.graph.initializer:
+        t.data_location
+        dims = t.dims
+        names[t.name] = (t.data_type, tuple(dims[:]) if len(dims) else ())
+    for node in model.graph.node:
+        node.domain, node.op_type
+        names.update(dict.fromkeys(node.input[:]))
+        for a in node.attribute:
+            a.SerializeToString()
+        names.update(dict.fromkeys(node.output[:], 1))
+    return names
+
+
 def timed_once(fn, model):
     """(seconds, result model) or (None, error text); the caller has freed earlier results."""
     gc.collect()
@@ -117,31 +136,41 @@ def timed_once(fn, model):
     return clock() - t, out
 
 
-TOOLS = (("copy", copy_model), ("ours", ours), ("onnx", onnx_cpp), ("ort", ort_symbolic))
+TOOLS = (("copy", copy_model), ("reads", python_reads), ("ours", ours), ("onnx", onnx_cpp), ("ort", ort_symbolic))
 
 
-def measure(name: str, nodes: int, repeat: int, ort_repeat: int) -> dict:
+def measure(name: str, nodes: int, repeat: int, ort_repeat: int, order: str = "series") -> dict:
     family, fmt, per_channel, kw = MODELS[name]
     model = model_zoo.sized(family, fmt, nodes, per_channel=per_channel, **kw)
     outputs = {o for n in model.graph.node for o in n.output if o}
     row = {"model": name, "nodes": len(model.graph.node), "values": len(outputs),
            "bytes": model.ByteSize()}
-    ours(model), onnx_cpp(model)  # warm up (imports, schema caches)
-    # rounds of one run per tool, so that the machine's drifts (it is shared) fall on all
-    # three alike; the slowest tool, onnxruntime, runs in the first ort_repeat rounds only
+    for _, fn in TOOLS:  # warm up: imports (onnxruntime's pass imports sympy), schema caches
+        try:
+            fn(model)
+        except Exception:  # recorded by the timed runs
+            pass
+    # "series": each tool's runs back to back, so each run finds the memory its own previous
+    # run freed (warm for all: the conservative order, since the other tools allocate more);
+    # "rounds": one run per tool per round, so that a shared machine's drifts fall on all
+    # alike and each run finds what another tool freed
+    runs = {tool: ort_repeat if tool == "ort" else repeat for tool, _ in TOOLS}
+    if order == "series":
+        plan = [(tool, fn) for tool, fn in TOOLS for _ in range(runs[tool])]
+    else:
+        plan = [(tool, fn) for r in range(max(runs.values())) for tool, fn in TOOLS if r < runs[tool]]
     times: dict[str, list[float]] = {tool: [] for tool, _ in TOOLS}
     results, errors = {}, {}
-    for r in range(max(repeat, ort_repeat)):
-        for tool, fn in TOOLS:
-            if tool in errors or r >= (ort_repeat if tool == "ort" else repeat):
-                continue
-            results.pop(tool, None)  # no run pays for an earlier result still alive
-            t, out = timed_once(fn, model)
-            if t is None:
-                errors[tool] = out
-            else:
-                times[tool].append(t)
-                results[tool] = out
+    for tool, fn in plan:
+        if tool in errors:
+            continue
+        results.pop(tool, None)  # no run pays for an earlier result still alive
+        t, out = timed_once(fn, model)
+        if t is None:
+            errors[tool] = out
+        else:
+            times[tool].append(t)
+            results[tool] = out
     for tool, _ in TOOLS:
         row[f"{tool}_s"] = statistics.median(times[tool]) if times[tool] and tool not in errors else None
         if tool in errors:
@@ -157,8 +186,8 @@ def fmt_ms(s: float | None) -> str:
 
 def table(rows: list[dict]) -> list[str]:
     head = ("| model | nodes | ours ms | onnx ms | onnxruntime ms | ours/onnx | ours/onnxruntime | copy ms "
-            "| copy/onnxruntime | ours µs/node | typed: ours / onnx / onnxruntime (of) |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+            "| reads ms | (copy + reads)/onnxruntime | ours µs/node | typed: ours / onnx / onnxruntime (of) |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         def ratio(other: str, digits: int, mine: str = "ours") -> str:
             a, b = r[f"{mine}_s"], r[f"{other}_s"]
@@ -168,10 +197,11 @@ def table(rows: list[dict]) -> list[str]:
             err = r.get(f"{tool}_error")
             return fmt_ms(r[f"{tool}_s"]) + (f" ({err})" if err else "")
 
+        r["floor_s"] = r["copy_s"] + r["reads_s"]
         per_node = "—" if r["ours_s"] is None else f"{r['ours_s'] / r['nodes'] * 1e6:.1f}"
         typed_counts = " / ".join("—" if r[f"{t}_typed"] is None else str(r[f"{t}_typed"]) for t in ("ours", "onnx", "ort"))
         lines.append(f"| {r['model']} | {r['nodes']} | {cell('ours')} | {cell('onnx')} | {cell('ort')} | "
-                     f"{ratio('onnx', 2)} | {ratio('ort', 3)} | {cell('copy')} | {ratio('ort', 3, 'copy')} | "
+                     f"{ratio('onnx', 2)} | {ratio('ort', 3)} | {cell('copy')} | {cell('reads')} | {ratio('ort', 3, 'floor')} | "
                      f"{per_node} | {typed_counts} ({r['values']}) |")
     return lines
 
@@ -204,6 +234,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=5, help="runs of ours and onnx's per model (median)")
     p.add_argument("--ort-repeat", type=int, default=3, help="runs of onnxruntime's per model (median)")
     p.add_argument("--clock", choices=sorted(CLOCKS), default="cpu", help="process CPU time (default) or wall time")
+    p.add_argument("--order", choices=("series", "rounds"), default="series",
+                   help="each tool's runs back to back (default) or one run of each per round")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = p.parse_args(argv)
     global clock
@@ -222,15 +254,16 @@ def main(argv=None) -> int:
     rows = []
     for name in names:
         for size in sizes:
-            row = measure(name, size, args.repeat, args.ort_repeat)
+            row = measure(name, size, args.repeat, args.ort_repeat, args.order)
             rows.append(row)
             if not args.json:
                 print(f"  measured {name} at {row['nodes']} nodes", file=sys.stderr)
     if args.json:
         print(json.dumps({"date": datetime.date.today().isoformat(), "machine": machine(), "clock": args.clock,
+                          "order": args.order,
                           "rows": rows}, indent=1))
         return 0
-    print(f"date {datetime.date.today().isoformat()}; {machine()}; clock: {args.clock}")
+    print(f"date {datetime.date.today().isoformat()}; {machine()}; clock: {args.clock}; order: {args.order}")
     for line in table(rows) + [""] + growth(rows):
         print(line)
     return 0
