@@ -20,7 +20,13 @@ DynamicQuantizeMatMul       A, B, b_scale, b_zp?, bias?                    -> Y 
 MatMulIntegerToFloat        A, B, a_scale, b_scale, a_zp?, b_zp?, bias?    -> Y (scale type)
 MatMulNBits                 A, B, scales, zero_points?, g_idx?, bias?      -> Y [..., N] (A's type)
 GatherBlockQuantized        data, indices, scales, zero_points?            -> output (scale type)
+Gelu / QuickGelu            X                                              -> Y (X's type and shape)
+BiasGelu                    A, B (1-D, A's last dim)                       -> C (A's type and shape)
+FastGelu                    X, bias? (1-D, X's last dim)                   -> Y (X's type and shape)
 ==========================  =================================================================
+
+The Gelu family is not quantized, but onnxruntime's transformer fusions put it between the
+quantized MatMuls of the models its tools quantize.
 
 Where a quantized output type has no zero point to come from, the rule uses the first
 quantized input's type (onnxruntime's own inference does the same).
@@ -35,7 +41,8 @@ from inference.context import TensorInfo
 from inference.registry import register
 from inference.rules import shape_math
 from inference.rules._wm_common import (
-    FLOAT, broadcast_shapes, first_type, need, norm_axes, norm_axis, shape_problem, shape_text, type_text,
+    FLOAT, broadcast_shapes, check_same_type, first_type, need, norm_axes, norm_axis, shape_problem, shape_text,
+    type_text,
 )
 from inference.rules.nn import gemm_output_shape, global_pool_shape, pool_output_shape
 from inference.rules.tensor_ops import concat_shape
@@ -376,3 +383,45 @@ def gather_block_quantized(ctx, n) -> None:
                      expected=shape_text(expected), found=shape_text(scales.shape))
     out = (*unpacked[:gather_axis], *idx.shape, *unpacked[gather_axis + 1:])
     n.set_output(0, TensorInfo(scales.elem_type, out))
+
+
+# ---------------------------------------------------------------- Gelu family
+_GELU_TYPES = frozenset({TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.BFLOAT16})
+
+
+def _gelu_like(n, rule: str, x_name: str, bias_name: str | None = None, bias_required: bool = False) -> None:
+    """Y takes X's type and shape; a bias must be 1-D with X's last dim (onnxruntime's kernels)."""
+    x, = need(n, rule, x_name)
+    bias = None
+    if bias_name is not None:
+        bias = need(n, rule, x_name, bias_name)[1] if bias_required else _opt(n, 1)
+    t = check_same_type(n, rule, [x, bias], [x_name, bias_name or ""])
+    if t and t not in _GELU_TYPES:
+        n.report(rule, f"{x_name} must be a float type", subject=f"input {x_name}",
+                 expected="float16, float, double or bfloat16", found=type_text(t))
+    if bias is not None and bias.shape is not None:
+        last = x.shape[-1] if x.shape else None
+        if len(bias.shape) != 1 or (last is not None and shape_math.provably_different(bias.shape[0], last)):
+            n.report(rule, f"{bias_name} must be 1-D with {x_name}'s last dim", subject=f"input {bias_name}",
+                     expected=f"[{dims.to_text(last) if last is not None else '?'}]", found=shape_text(bias.shape))
+    n.set_output(0, TensorInfo(t, x.shape))
+
+
+@register("Gelu", 1, domain=MS)
+def gelu(ctx, n) -> None:
+    _gelu_like(n, "Gelu", "X")
+
+
+@register("QuickGelu", 1, domain=MS)
+def quick_gelu(ctx, n) -> None:
+    _gelu_like(n, "QuickGelu", "X")
+
+
+@register("BiasGelu", 1, domain=MS)
+def bias_gelu(ctx, n) -> None:
+    _gelu_like(n, "BiasGelu", "A", "B", bias_required=True)
+
+
+@register("FastGelu", 1, domain=MS)
+def fast_gelu(ctx, n) -> None:
+    _gelu_like(n, "FastGelu", "X", "bias")

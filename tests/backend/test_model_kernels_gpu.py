@@ -567,6 +567,7 @@ def unary_model(op, x, domain="", opset=20, **attrs):
 
 GELU_X = np.concatenate([np.linspace(-12, 12, 1201), np.random.default_rng(0).normal(0, 3, 600),
                          [1e-30, -1e-30, 1e-3, -1e-3, 2.5e-8]]).astype(f32)
+N_ROWS = 37
 GELU_SPECIAL = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 3e38, -3e38], f32)
 UNARY_FORCE = {"COARSE_MIN_WORDS": 1}
 
@@ -598,6 +599,26 @@ def test_com_microsoft_gelu_matches_onnxruntime(best):
     ax = np.abs(GELU_X.astype(np.float64))
     assert np.all(np.abs(got - np_gelu(GELU_X)) <= 2.0**-22 * ax)
     assert np.all(np.abs(got - ort_run(model, {"x": GELU_X}).astype(np.float64)) <= 2.0**-21 * ax)
+
+
+def test_com_microsoft_gelu_without_declared_shapes_runs_on_the_gpu(dev):
+    """The inference rule types com.microsoft Gelu, so a graph that declares nothing after its
+    inputs still plans every node on the GPU."""
+    from backend_wgpu.session import Session
+
+    x = np.random.default_rng(3).normal(0, 2, (N_ROWS, 8)).astype(f32)
+    nodes = [helper.make_node("Gelu", ["x"], ["g"], domain="com.microsoft", name="gelu"),
+             helper.make_node("Add", ["g", "x"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("com.microsoft", 1)])
+    with Session(model, device=dev, allow_host_fallback=False) as s:
+        (got,) = s.run(None, {"x": x})
+        assert s.host_nodes == []
+    expected = ort_run(model, {"x": x})
+    assert got.shape == expected.shape == x.shape
+    ax = np.abs(x.astype(np.float64))
+    assert np.all(np.abs(got - expected.astype(np.float64)) <= 2.0**-21 * ax + np.spacing(np.abs(expected)) * 2)
 
 
 def test_gelu_float16_within_one_ulp(best):

@@ -691,6 +691,21 @@ _MS_CASES = {
                           bits=4, quantize_axis=1, gather_axis=0)],
         [vi("i", T.INT64, [2, 3])], [_q("d", np.zeros((10, 16))), floats("s", np.ones((10, 2)))],
         {"i": np.zeros((2, 3), np.int64)}),
+    "Gelu": (
+        [helper.make_node("Gelu", ["x"], ["y"], domain="com.microsoft")],
+        [vi("x", T.FLOAT, [2, 3])], [], {"x": np.ones((2, 3), np.float32)}),
+    "QuickGelu": (
+        [helper.make_node("QuickGelu", ["x"], ["y"], domain="com.microsoft", alpha=1.702)],
+        [vi("x", T.FLOAT16, [2, 5])], [], {"x": np.ones((2, 5), np.float16)}),
+    "BiasGelu": (
+        [helper.make_node("BiasGelu", ["a", "b"], ["y"], domain="com.microsoft")],
+        [vi("a", T.FLOAT, [2, 3, 4])], [floats("b", np.ones(4))], {"a": np.ones((2, 3, 4), np.float32)}),
+    "FastGelu": (
+        [helper.make_node("FastGelu", ["x", "b"], ["y"], domain="com.microsoft")],
+        [vi("x", T.FLOAT, [3, 8])], [floats("b", np.ones(8))], {"x": np.ones((3, 8), np.float32)}),
+    "FastGelu without bias": (
+        [helper.make_node("FastGelu", ["x"], ["y"], domain="com.microsoft")],
+        [vi("x", T.FLOAT, [3, 8])], [], {"x": np.ones((3, 8), np.float32)}),
 }
 
 
@@ -743,6 +758,23 @@ def _scalars(*names, elem_type=T.FLOAT):
 def test_com_microsoft_symbolic(op, inputs, attrs, expected):
     ctx = run_rule(op, inputs, domain="com.microsoft", opset=1, **attrs)
     assert ctx["y"] == expected
+
+
+def test_com_microsoft_gelu_family_keeps_symbolic_shapes_and_checks_the_bias():
+    x = TensorInfo(T.FLOAT16, (N, S, 64))
+    for op in ("Gelu", "QuickGelu"):
+        assert run_rule(op, {"x": x}, domain="com.microsoft", opset=1)["y"] == x
+    assert run_rule("FastGelu", {"x": x}, domain="com.microsoft", opset=1)["y"] == x
+    for op in ("BiasGelu", "FastGelu"):
+        assert run_rule(op, {"x": x, "b": TensorInfo(T.FLOAT16, (64,))}, domain="com.microsoft", opset=1)["y"] == x
+        with pytest.raises(InferenceError, match=rf"^{op}: .*must be 1-D with .* last dim: expected \[64\], found \[32\]"):
+            run_rule(op, {"x": x, "b": TensorInfo(T.FLOAT16, (32,))}, domain="com.microsoft", opset=1)
+        with pytest.raises(InferenceError, match=rf"^{op}: .*must have the element type of .*: expected float16, found float$"):
+            run_rule(op, {"x": x, "b": TensorInfo(T.FLOAT, (64,))}, domain="com.microsoft", opset=1)
+    with pytest.raises(InferenceError, match=r"^BiasGelu: .*required input B \(#1\) is missing"):
+        run_rule("BiasGelu", {"x": x}, domain="com.microsoft", opset=1)
+    with pytest.raises(InferenceError, match=r"^Gelu: .*X must be a float type: expected float16, float, double or bfloat16, found int8"):
+        run_rule("Gelu", {"x": TensorInfo(T.INT8, (2,))}, domain="com.microsoft", opset=1)
 
 
 def test_com_microsoft_symbolic_matmul_nbits_and_gather_block_quantized():
