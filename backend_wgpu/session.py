@@ -456,8 +456,10 @@ class Session:
 
     # -- host nodes --------------------------------------------------------------------------
 
-    def _evaluator(self, info: _NodeInfo):
-        """onnx.reference's evaluator of a one-node model holding this node (cached)."""
+    def _evaluator(self, info: _NodeInfo, reason: str | None = None):
+        """onnx.reference's evaluator of a one-node model holding this node (cached). ``reason``:
+        why the node is not on the GPU, for the error when onnx.reference cannot run it either
+        (default: the reason found when the session was built)."""
         ev = self._evaluators.get(info.index)
         if ev is not None:
             return ev
@@ -476,7 +478,7 @@ class Session:
                 warnings.simplefilter("ignore")
                 ev = ReferenceEvaluator(one)
         except Exception as e:
-            raise ExecutionError(f"node {info.label!r} ({self._op_name(info)}): {info.reason or 'no GPU kernel'}, and "
+            raise ExecutionError(f"node {info.label!r} ({self._op_name(info)}): {reason or info.reason or 'no GPU kernel'}, and "
                                  f"onnx.reference cannot run it on the host either: {type(e).__name__}: "
                                  f"{str(e).splitlines()[0] if str(e) else ''}") from None
         self._evaluators[info.index] = (ev, inputs)
@@ -697,7 +699,9 @@ class Session:
                 # a forced variant that does not apply is the caller's error; a tensor beyond the
                 # device's limits (or a uniform value out of range) is refused, not sent to the host
                 raise
-            return None, str(e)
+            why = str(e)
+            prefix = f"node {info.label!r}: "  # the planner names the node; the reason is read beside its name
+            return None, why[len(prefix):] if why.startswith(prefix) else why
         return plan, ""
 
     def _build_plan(self, key: tuple, shapes: Mapping[str, tuple[int, ...]]) -> GraphPlan:
@@ -774,7 +778,7 @@ class Session:
                     f"allow_host_fallback is False: "
                     + "; ".join(f"node {i.label!r} ({self._op_name(i)}): {reasons[i.index]}" for i in new_host))
             for info in new_host:
-                self._evaluator(info)
+                self._evaluator(info, reasons.get(info.index))
             warnings.warn(self._fallback_text(new_host, reasons, f"input shapes {dict(shapes)}: "),
                           HostFallbackWarning, stacklevel=4)
         if not self._planned_host:  # from now on: what the plans placed on the host
@@ -782,7 +786,7 @@ class Session:
             self._planned_host = True
         for info in self._nodes:
             if info.index in live and kinds[info.index] == "host":
-                self._evaluator(info)
+                self._evaluator(info, reasons.get(info.index))
                 self._host_labels.setdefault(info.index, reasons.get(info.index, info.reason))
 
         # roots and aliases

@@ -132,6 +132,20 @@ def test_node_without_kernel_runs_on_the_host_or_is_refused(dev):
     assert s.explain()[0]["placement"] == "host" and s.explain()[0]["kernel"] == "host"
 
 
+def test_a_node_no_variant_takes_that_the_host_cannot_run_is_refused_naming_the_clause(dev):
+    # com.microsoft Gelu has a kernel, but no variant's grid fits 2^50 elements, and
+    # onnx.reference has no com.microsoft ops: the error says which clause failed
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1024])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph([helper.make_node("Gelu", ["x"], ["y"], domain="com.microsoft", name="gelu")], "g", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("com.microsoft", 1)])
+    s = Session(model, dev)
+    with pytest.raises(ExecutionError, match=r"^node 'gelu' \(com\.microsoft::Gelu\): kernel Gelu: no variant applies "
+                                             r"\(word_per_invocation: 'gridFits' is false; .*onnx\.reference cannot run it"):
+        s.explain({"x": [2**40, 1024]})
+    assert s.explain({"x": [4, 1024]})[0]["placement"] == "gpu"
+
+
 def test_node_attributes_reach_the_planner(dev):
     model = dql_model(1)
     model.graph.node[0].attribute.append(helper.make_attribute("not_an_attribute", 3))
