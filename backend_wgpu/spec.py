@@ -326,6 +326,15 @@ def _json_type(v: Any) -> str:
     return type(v).__name__
 
 
+def _merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` deep-merged onto ``base`` (``extends``): objects key by key, the rest replaced."""
+    out = dict(base)
+    for k, v in over.items():
+        b = out.get(k)
+        out[k] = _merged(b, v) if isinstance(b, dict) and isinstance(v, dict) else v
+    return out
+
+
 def _is_ident(s: Any) -> bool:
     return isinstance(s, str) and s.isidentifier() and not keyword.iskeyword(s)
 
@@ -483,21 +492,51 @@ class _Loader:
 
     # -- the whole file
     def load(self) -> KernelSpec:
+        return self.spec(self.resolve(self.path, ()))
+
+    def read_json(self, path: Path) -> Any:
+        """The parsed JSON of ``path``; its problems are SpecErrors naming that file."""
+        file = str(path)
         try:
-            text = self.path.read_text(encoding="utf-8")
+            text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
-            raise self.err("<file>", "no such file") from None
+            raise SpecError(file, "<file>", "no such file") from None
         except (OSError, UnicodeDecodeError) as e:
-            raise self.err("<file>", f"cannot read: {e}") from None
+            raise SpecError(file, "<file>", f"cannot read: {e}") from None
         try:
-            raw = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+            return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
         except json.JSONDecodeError as e:
-            raise self.err(f"line {e.lineno} column {e.colno}", f"invalid JSON: {e.msg}") from None
+            raise SpecError(file, f"line {e.lineno} column {e.colno}", f"invalid JSON: {e.msg}") from None
         except _DuplicateKey as e:
-            raise self.err("<json>", f"duplicate key {e.args[0]!r} in an object") from None
+            raise SpecError(file, "<json>", f"duplicate key {e.args[0]!r} in an object") from None
         except (ValueError, RecursionError) as e:
-            raise self.err("<json>", f"invalid JSON: {e}") from None
-        return self.spec(raw)
+            raise SpecError(file, "<json>", f"invalid JSON: {e}") from None
+
+    def resolve(self, path: Path, chain: tuple[Path, ...]) -> Any:
+        """``path``'s JSON with its ``extends`` base (a ``*.base.json`` beside it, which may
+        extend another) merged under it: objects merge key by key, recursively; any other
+        value (arrays included) replaces the base's."""
+        raw = self.read_json(path)
+        if not isinstance(raw, dict) or "extends" not in raw:
+            return raw
+        file = str(path)
+        base_name = raw.pop("extends")
+        if not isinstance(base_name, str) or not base_name:
+            raise SpecError(file, "extends", f"expected the file name of a base spec, found {_json_type(base_name)}")
+        bp = Path(base_name)
+        if bp.is_absolute() or ".." in bp.parts or "\\" in base_name or len(bp.parts) != 1 \
+                or not base_name.endswith(".base.json"):
+            raise SpecError(file, "extends", f"{base_name!r} must name a *.base.json file in the same folder")
+        base_path = path.parent / bp
+        if base_path in chain or base_path == path:
+            cycle = " -> ".join(p.name for p in (*chain, path, base_path))
+            raise SpecError(file, "extends", f"bases extend each other in a cycle: {cycle}")
+        if not base_path.is_file():
+            raise SpecError(file, "extends", f"base spec {base_name!r} not found in {path.parent}")
+        base = self.resolve(base_path, (*chain, path))
+        if not isinstance(base, dict):
+            raise SpecError(str(base_path), "<top>", f"expected an object, found {_json_type(base)}")
+        return _merged(base, raw)
 
     def spec(self, raw: Any) -> KernelSpec:
         top = self.obj(raw, "", _TOP_KEYS, _TOP_REQUIRED)

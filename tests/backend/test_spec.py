@@ -175,6 +175,101 @@ def test_not_an_object(tmp_path):
     reject(tmp_path, [1, 2], "<top>", "expected an object")
 
 
+# ---------------------------------------------------------------- extends
+
+def _split_seed(tmp_path: Path, base_name: str = "family.base.json") -> tuple[dict, dict]:
+    """The seed spec split into a base (everything shared) and a child naming the op."""
+    base = seed()
+    child = {k: base.pop(k) for k in ("domain", "name", "sinceVersion", "description") if k in base}
+    child["extends"] = base_name
+    (tmp_path / base_name).write_text(json.dumps(base, indent=1))
+    return base, child
+
+
+def test_extends_merges_the_base_under_the_child(tmp_path):
+    base, child = _split_seed(tmp_path)
+    # objects merge key by key: one derived value replaced, one added, the rest the base's
+    child["derive"] = {"inputCount": "numel(shapes.x) + 0", "twiceCount": "inputCount * 2"}
+    child["typeConstraints"] = {"T": ["float32"]}  # T's array replaced, TQ kept
+    spec = load_doc(tmp_path, child)
+    whole = load_spec(write_spec(tmp_path, seed(), "whole.kernel.json"))
+    assert (spec.name, spec.since_version, spec.domain) == (whole.name, whole.since_version, whole.domain)
+    assert [v.id for v in spec.variants] == [v.id for v in whole.variants]
+    assert set(spec.derive.names) == set(whole.derive.names) | {"twiceCount"}
+    assert spec.derive.as_dict()["inputCount"].text == "numel(shapes.x) + 0"
+    assert spec.type_constraints == {"T": ("float32",), "TQ": whole.type_constraints["TQ"]}
+    # an array replaces the base's wholesale
+    child["variants"] = [variant(seed(), "single_invocation")]
+    assert [v.id for v in load_doc(tmp_path, child).variants] == ["single_invocation"]
+
+
+def test_extends_chains_and_load_specs_skips_bases(tmp_path):
+    base, child = _split_seed(tmp_path, "middle.base.json")
+    (tmp_path / "middle.base.json").write_text(json.dumps({"extends": "root.base.json", "tunables": base["tunables"]}))
+    (tmp_path / "root.base.json").write_text(json.dumps({k: v for k, v in base.items() if k != "tunables"}))
+    write_spec(tmp_path, child)
+    reg = load_specs(tmp_path)
+    assert len(reg) == 1 and [s.name for s in reg] == [SEED["name"]]
+
+
+@pytest.mark.parametrize("extends, reason", [
+    (3, "expected the file name of a base spec, found number"),
+    ("", "expected the file name of a base spec"),
+    ("../family.base.json", "must name a *.base.json file in the same folder"),
+    ("/tmp/family.base.json", "must name a *.base.json file in the same folder"),
+    ("sub/family.base.json", "must name a *.base.json file in the same folder"),
+    ("other.kernel.json", "must name a *.base.json file in the same folder"),
+    ("missing.base.json", "base spec 'missing.base.json' not found"),
+])
+def test_extends_must_name_a_base_beside_the_spec(tmp_path, extends, reason):
+    _, child = _split_seed(tmp_path)
+    child["extends"] = extends
+    reject(tmp_path, child, "extends", reason)
+
+
+def test_extends_cycle_and_broken_base_are_spec_errors(tmp_path):
+    _, child = _split_seed(tmp_path)
+    path = write_spec(tmp_path, child)
+
+    def error_of_base(base: str, field: str, reason: str) -> None:  # named: the file whose field is wrong
+        with pytest.raises(SpecError) as info:
+            load_spec(path)
+        assert (info.value.file, info.value.field) == (str(tmp_path / base), field) and reason in info.value.reason
+
+    (tmp_path / "family.base.json").write_text(json.dumps({"extends": "family.base.json"}))
+    error_of_base("family.base.json", "extends", "cycle: k.kernel.json -> family.base.json -> family.base.json")
+    (tmp_path / "family.base.json").write_text(json.dumps({"extends": "other.base.json"}))
+    (tmp_path / "other.base.json").write_text(json.dumps({"extends": "family.base.json"}))
+    error_of_base("other.base.json", "extends",
+                  "cycle: k.kernel.json -> family.base.json -> other.base.json -> family.base.json")
+    (tmp_path / "family.base.json").write_text("[1, 2]")
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    assert info.value.file == str(tmp_path / "family.base.json") and "expected an object" in info.value.reason
+    (tmp_path / "family.base.json").write_text("{,}")
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    assert info.value.file == str(tmp_path / "family.base.json") and "invalid JSON" in info.value.reason
+    # a field the merge leaves wrong is named as in a whole spec
+    (tmp_path / "family.base.json").write_text(json.dumps({k: v for k, v in seed().items() if k != "variants"}))
+    reject(tmp_path, child, "<top>", "missing required key 'variants'")
+
+
+def test_shipped_families_share_one_base_each():
+    """The templates' op families are one base each, the member specs only what differs."""
+    d = templates_dir()
+    bases = sorted(p.name for p in d.glob("*.base.json"))
+    assert bases, "no base specs shipped"
+    users = {b: [] for b in bases}
+    for p in d.glob("*.kernel.json"):
+        doc = json.loads(p.read_text())
+        ext = doc.get("extends")
+        if ext is not None:
+            users[ext].append(p.name)
+            assert not {"variants", "tunables", "inputs", "outputs"} & set(doc), f"{p.name} repeats its base"
+    assert all(len(u) >= 2 for u in users.values()), users
+
+
 # ---------------------------------------------------------------- field level
 
 @pytest.mark.parametrize("mutate, field, reason", [
