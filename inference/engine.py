@@ -30,6 +30,7 @@ for the write-back, which builds ``value_info`` as bytes).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -997,18 +998,19 @@ class _Pass:
         return tuple(parts)
 
     def _content_id(self, scope: _Scope, name: str, proto: onnx.TensorProto) -> int:
-        """Key id of a constant's type, shape and content (a big one's is its identity)."""
-        info = scope.get(name)
+        """Key id of a constant's type, shape and content (a big one's is its identity), read
+        from the proto itself: a node keyed by a constant's content runs once per layer."""
+        shape = tuple(proto.dims[:])
         if proto.data_location == onnx.TensorProto.EXTERNAL:
             vk = None
-        elif info.size > _KEY_MAX_ELEMENTS:
+        elif math.prod(shape) > _KEY_MAX_ELEMENTS:
             vk = ("object", id(proto))
         else:
             vk = _proto_content(proto)
-            if vk is None:
-                v = info.value
+            if vk is None:  # complex data: decoded
+                v = scope.get(name).value
                 vk = None if v is None else _array_key(v)
-        k = ("content", info.elem_type, info.shape, vk)
+        k = ("content", proto.data_type, shape, vk)
         kid = self._key_ids.get(k)
         if kid is None:
             kid = self._key_ids[k] = len(self._key_ids) + 1
