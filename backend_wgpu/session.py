@@ -366,8 +366,8 @@ class Session:
             vname = inputs[i] if i < len(inputs) else ""
             if not vname and not decl.optional:
                 return f"kernel {spec.name} needs input {sname!r}, the node leaves it out"
-        for i, sname in enumerate(spec.outputs):
-            if i >= len(outputs) or not outputs[i]:
+        for i, (sname, decl) in enumerate(spec.outputs.items()):
+            if (i >= len(outputs) or not outputs[i]) and not decl.optional:
                 return f"kernel {spec.name} writes output {sname!r}, the node leaves it out"
         for a in node.attribute:
             if a.name not in spec.attributes:
@@ -681,7 +681,7 @@ class Session:
             for i, sname in enumerate(spec_names):
                 vname = value_names[i] if i < len(value_names) else ""
                 if not vname:
-                    continue  # an absent optional input (checked at construction)
+                    continue  # an absent optional input or output (checked at construction)
                 v = values.get(vname)
                 shape = _concrete(None if v is None else v.shape)
                 t = None if v is None else _onnx_type(v.elem_type)

@@ -125,7 +125,7 @@ class TensorDecl:
     index: int
     rank: Value | None = None
     shape: Expr | tuple[Value, ...] | None = None
-    #: an input the node may leave out (``"optional": true``); see ``present.<io>``
+    #: an input or output the node may leave out (``"optional": true``); see ``present.<io>``
     optional: bool = False
 
 
@@ -585,8 +585,6 @@ class _Loader:
                 if "optional" in d:
                     if not isinstance(d["optional"], bool):
                         raise self.err(f"{f}.optional", f"expected a boolean, found {_json_type(d['optional'])}")
-                    if section == "outputs" and d["optional"]:
-                        raise self.err(f"{f}.optional", "only inputs may be optional")
                 dt = self.string(d["dtype"], f"{f}.dtype")
                 if dt not in constraints:
                     raise self.err(f"{f}.dtype", f"{dt!r} is not a typeConstraints name{suggest(dt, constraints)}; "

@@ -737,22 +737,47 @@ def test_layer_normalization_variants_both_apply_to_short_rows(best):
     assert applicable(best, model, {"x": x}) == ["workgroup", "serial"]
 
 
-def test_layer_normalization_with_mean_output_runs_on_the_host(best):
-    """The kernel writes Y only: a node that also asks for Mean / InvStdDev is refused by it
-    (host fallback, or a clear error without)."""
+def _ln_stats_model(x, outs):
+    """LayerNormalization over the last axis asking for the outputs ``outs`` (names or "")."""
+    d = x.shape[-1]
+    node = helper.make_node("LayerNormalization", ["x", "scale", "bias"], outs, name="ln")
+    inits = [numpy_helper.from_array(np.ones(d, f32), "scale"), numpy_helper.from_array(np.zeros(d, f32), "bias")]
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs if o],
+                              initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("outs", [["y", "mean", "inv_std"], ["y", "mean"], ["y", "", "inv_std"]],
+                         ids=["both", "mean", "inv_std"])
+@pytest.mark.parametrize("shape", [(3, 8), (2, 300)], ids=["serial+workgroup", "workgroup"])
+def test_layer_normalization_mean_and_inv_std_dev_on_the_gpu(dev, outs, shape):
+    """Mean and InvStdDev are optional outputs of the kernel: each variant writes the ones the
+    node asks for (one per row), within a few roundings of a float64 reference and onnxruntime."""
     from backend_wgpu.session import Session
 
-    x = np.random.default_rng(10).normal(size=(3, 8)).astype(f32)
-    model = ln_model(x, np.ones(8, f32), np.zeros(8, f32), extra_outputs=2)
-    with pytest.raises(ExecutionError, match="LayerNormalization"):
-        Session(model, device=best, allow_host_fallback=False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with Session(model, device=best) as s:
-            y, mean, inv = s.run(None, {"x": x})
-            assert s.host_nodes == ["ln (LayerNormalization)"]
-    ref, mag = np_layer_norm(x, np.ones(8, f32), np.zeros(8, f32), -1, f32(1e-5))
-    assert np.all(np.abs(y - ref) <= 2.0**-20 * mag)
+    rng = np.random.default_rng(10)
+    x = (rng.normal(0, 2, size=shape) + 3).astype(f32)
+    model = _ln_stats_model(x, outs)
+    wanted = [o for o in outs if o]
+    x64 = x.astype(np.float64)
+    mean64 = x64.mean(axis=-1, keepdims=True)
+    inv64 = 1 / np.sqrt(((x64 - mean64) ** 2).mean(axis=-1, keepdims=True) + float(f32(1e-5)))
+    ref = {"y": None, "mean": mean64, "inv_std": inv64}
+    expected = dict(zip(wanted, ort.InferenceSession(model.SerializeToString(),
+                                                     providers=["CPUExecutionProvider"]).run(None, {"x": x})))
+    variants = applicable(dev, model, {"x": x})
+    assert variants == (["workgroup", "serial"] if shape[1] <= 64 else ["workgroup"])
+    for v in variants:
+        with Session(model, device=dev, variants={"ln": v}, allow_host_fallback=False) as s:
+            got = dict(zip(wanted, s.run(None, {"x": x})))
+            for name in wanted[1:]:
+                assert got[name].shape == expected[name].shape == (shape[0], 1) and got[name].dtype == f32
+                # the mean: the row sum's roundings (as for y); 1 / sd: sd's and the division's
+                tol = 2.0**-24 * (16 + shape[1] / 16) * (np.abs(x64).mean(axis=-1, keepdims=True) if name == "mean"
+                                                         else 8 * inv64)
+                assert np.all(np.abs(got[name] - ref[name]) <= tol), (v, name)
+                assert np.all(np.abs(got[name] - expected[name]) <= 2 * tol), (v, name)
 
 
 # ============================================================================= ONNX node cases
@@ -770,25 +795,19 @@ def _node_cases(op_types):
 @pytest.mark.parametrize("op, rtol, atol", [("Gelu", 2e-6, 1e-7), ("Erf", 1e-6, 1e-7),
                                             ("LayerNormalization", 1e-5, 1e-6)])
 def test_onnx_node_cases(best, op, rtol, atol):
-    """ONNX's own node test cases of these ops (float32). Its LayerNormalization cases all ask
-    for Mean and InvStdDev too, which this kernel does not write: they run with the node cut
-    down to Y (compared with the case's expected Y)."""
+    """ONNX's own node test cases of these ops (float32), every output compared (the
+    LayerNormalization cases ask for Mean and InvStdDev too)."""
     from backend_wgpu.session import Session
 
     ran = 0
     for case in _node_cases({op}):
         model = case.model
-        keep = 1 if op == "LayerNormalization" else len(model.graph.output)
-        if keep < len(model.graph.output):
-            model = type(model)()
-            model.CopyFrom(case.model)
-            del model.graph.node[0].output[keep:]
-            del model.graph.output[keep:]
         for inputs, outputs in case.data_sets:
             feeds = {i.name: v for i, v in zip(model.graph.input, inputs)}
             with Session(model, device=best, allow_host_fallback=False) as s:
                 got = s.run(None, feeds)
-            for g, e in zip(got, outputs[:keep]):
+            assert len(got) == len(outputs)
+            for g, e in zip(got, outputs):
                 np.testing.assert_allclose(g, e, rtol=rtol, atol=atol, err_msg=case.name)
             ran += 1
     assert ran > 0

@@ -754,6 +754,26 @@ def test_v2_absent_input_unbound_constraint_takes_first_type(tmp_path):
     assert plan.buffers["zp"].onnx_type == "int16" and plan.derived["zpType"] == "int16"
 
 
+def test_v2_absent_optional_output(tmp_path):
+    doc = copy.deepcopy(V2_DOC)
+    doc["outputs"]["stats"] = {"dtype": "T1", "optional": True}
+    doc["derive"]["hasStats"] = "present.stats"
+    doc["variants"][0]["passes"][0]["bindings"].append("stats")
+    spec = load_spec(_write(tmp_path, doc, shaders=["s.wgsl.jinja"]))
+    plan = plan_v2(spec)  # the node leaves stats out: no shape given
+    assert plan.derived["hasStats"] is False
+    b = plan.buffers["stats"]
+    assert (b.role, b.byte_size, b.onnx_type, b.shape) == ("absent", 4, "float32", ())
+    (p,) = plan.passes
+    assert p.bindings[-1].buffer == "stats" and p.bindings[-1].access == "read_write"
+    assert p.context["present"]["stats"] is False
+    shapes = {"x": (2, 3), "scale": (), "y": (2, 3), "stats": (2, 1)}
+    dtypes = {"x": "float32", "scale": "float32", "y": "uint8", "stats": "float32"}
+    plan = plan_node(spec, shapes=shapes, dtypes=dtypes, device=DEFAULT, attributes={"req": [1, 2]})
+    assert plan.derived["hasStats"] is True and plan.buffers["stats"].role == "output"
+    assert plan.buffers["stats"].shape == (2, 1)
+
+
 def test_v2_present_optional_input(v2):
     plan = plan_v2(v2, zp=((1, 1, 1, 1, 1), "uint8"))
     assert plan.derived["hasZp"] is True and plan.derived["zpRank"] == 5

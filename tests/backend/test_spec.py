@@ -737,7 +737,7 @@ def test_seed_declares_no_attributes(tmp_path):
      "a required attribute has no 'default'"),
     (lambda d: d["attributes"].__setitem__("a", {"defualt": 1}), "attributes.a.defualt", "did you mean 'default'"),
     (lambda d: d["inputs"]["zp"].__setitem__("optional", 1), "inputs.zp.optional", "expected a boolean"),
-    (lambda d: d["outputs"]["y"].__setitem__("optional", True), "outputs.y.optional", "only inputs"),
+    (lambda d: d["outputs"]["y"].__setitem__("optional", "yes"), "outputs.y.optional", "expected a boolean"),
     (lambda d: d["derive"].__setitem__("attrs", 1), "derive.attrs", "reserved"),
     (lambda d: d["derive"].__setitem__("present", 1), "derive.present", "reserved"),
     (lambda d: d["derive"].__setitem__("dtypes", 1), "derive.dtypes", "reserved"),
