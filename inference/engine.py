@@ -657,7 +657,6 @@ class _Pass:
         self.result.owner = self  # type: ignore[attr-defined]
         self._onnx_opsets = {o.domain: int(o.version) for o in model.opset_import} or {"": 1}
         self._ir_version = int(model.ir_version) or onnx.IR_VERSION
-        self._schemas: dict[tuple[str, str, int], Any] = {}
         self._parsed: dict[str, DimLike] = {}
         self._texts: dict[int, tuple] = {}   # id(Dim) -> (Dim, dim_param text)
         self._interned: dict[int, tuple] = {}  # id(info) -> (info, key id, type bytes)
@@ -945,7 +944,7 @@ class _Pass:
             from inference import subgraphs
 
             e = _Entry(_K_UNKNOWN, domain, op, opset)
-            schema = self.schema(domain, op, opset)
+            schema, required, variadic = _schema_facts(domain, op, opset)
             handler = subgraphs.HANDLERS.get(op) if domain == "" and schema is not None else None
             if handler is not None and subgraphs.handles(op, schema.since_version):
                 e.kind, e.handler, e.version = _K_CONTROL, handler, schema.since_version
@@ -958,8 +957,7 @@ class _Pass:
                 elif function is not None:
                     e.kind = _K_FUNCTION
             if schema is not None and e.kind in (_K_CONTROL, _K_RULE, _K_FALLBACK):
-                e.schema = schema
-                e.required, e.variadic = _required_inputs(schema)
+                e.schema, e.required, e.variadic = schema, required, variadic
         if e.kind == _K_FUNCTION:
             e.function = function
         source = {_K_RULE: SOURCE_RULE, _K_CONTROL: SOURCE_RULE, _K_FALLBACK: SOURCE_FALLBACK,
@@ -972,13 +970,7 @@ class _Pass:
         return e
 
     def schema(self, domain: str, op_type: str, opset: int):
-        key = (domain, op_type, opset)
-        if key not in self._schemas:
-            try:
-                self._schemas[key] = defs.get_schema(op_type, opset, domain)
-            except Exception:  # SchemaError: no such op at this version
-                self._schemas[key] = None
-        return self._schemas[key]
+        return _schema_facts(domain, op_type, opset)[0]
 
     # -- one node
     def _content_key(self, g: _Graph, node, key: tuple, indices: frozenset) -> tuple:
@@ -1479,6 +1471,17 @@ class _Pass:
 
 
 # ------------------------------------------------------------------ helpers
+@lru_cache(maxsize=None)
+def _schema_facts(domain: str, op_type: str, opset: int) -> tuple[Any, tuple, tuple | None]:
+    """(the onnx.defs schema serving ``opset``, or None; its required inputs; its variadic
+    input): facts of the installed onnx, looked up once per process."""
+    try:
+        schema = defs.get_schema(op_type, opset, domain)
+    except Exception:  # SchemaError: no such op at this version
+        return None, (), None
+    return (schema, *_required_inputs(schema))
+
+
 def _required_inputs(schema) -> tuple[tuple, tuple | None]:
     """Indices of single (non-optional) inputs, and (start, min count, name) of a variadic one."""
     single = defs.OpSchema.FormalParameterOption.Single
