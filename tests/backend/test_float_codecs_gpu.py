@@ -23,7 +23,6 @@ from onnx import numpy_helper
 from backend_wgpu.pipelines import layout_key
 from backend_wgpu.plan import BindingPlan
 from backend_wgpu.render import render_string
-from onnx_quant.errors import DeviceError
 
 F8 = {"float8e4m3fn": ml_dtypes.float8_e4m3fn, "float8e4m3fnuz": ml_dtypes.float8_e4m3fnuz,
       "float8e5m2": ml_dtypes.float8_e5m2, "float8e5m2fnuz": ml_dtypes.float8_e5m2fnuz}
@@ -53,33 +52,6 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw
 }
 """
 _BINDS = (BindingPlan(0, "a", "a", "read", "u32"), BindingPlan(1, "o", "o", "read_write", "u32"))
-
-
-def _devices():
-    from conftest import no_gpu
-
-    from backend_wgpu.device import get_device, list_adapters
-
-    try:
-        adapters = list_adapters()
-        if not adapters:
-            no_gpu("wgpu lists no adapter")
-        out = [get_device(None, limits="default")]
-        if any(a.backend == "OpenGL" for a in adapters) and adapters[0].backend != "OpenGL":
-            out.append(get_device("opengl", limits="default"))
-        return out
-    except DeviceError as e:
-        no_gpu(str(e))
-
-
-@pytest.fixture(scope="module", params=["best", "opengl"])
-def dev(request):
-    devs = _devices()
-    if request.param == "opengl":
-        if len(devs) < 2:
-            pytest.skip("no second (OpenGL) adapter here")
-        return devs[1]
-    return devs[0]
 
 
 def run_expr(dev, expr: str, words: np.ndarray) -> np.ndarray:

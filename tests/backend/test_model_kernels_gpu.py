@@ -60,20 +60,6 @@ FLT_MAX = np.finfo(np.float32).max
 
 # ----------------------------------------------------------------------------- devices
 
-@pytest.fixture(scope="module")
-def best():
-    from conftest import gpu_device
-
-    return gpu_device("best")
-
-
-@pytest.fixture(scope="module", params=["best", "opengl"])
-def dev(request):
-    from conftest import gpu_device
-
-    return gpu_device(request.param)
-
-
 # ----------------------------------------------------------------------------- helpers
 
 def _model(node, inputs, inits, out_type, opset=21, ms=False, out_shape=None):

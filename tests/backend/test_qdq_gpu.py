@@ -56,20 +56,12 @@ OPSETS = (10, 13, 19, 21, 23, 24, 25, 28)
 # ----------------------------------------------------------------------------- devices
 
 
-def _device(kind: str):
+@pytest.fixture(scope="module", params=["best", "best-no-subgroup", "opengl"])
+def dev(request):
+    """Also the default adapter without its optional features (no shader-f16, no subgroups)."""
     from conftest import gpu_device
 
-    return gpu_device("best-no-subgroup" if kind == "no-features" else kind)
-
-
-@pytest.fixture(scope="module")
-def best():
-    return _device("best")
-
-
-@pytest.fixture(scope="module", params=["best", "no-features", "opengl"])
-def dev(request):
-    return _device(request.param)
+    return gpu_device(request.param)
 
 
 # ----------------------------------------------------------------------------- models
@@ -493,7 +485,7 @@ def _agree_params():
     secondary ones (Vulkan without features, OpenGL): each combination compiles its own
     pipelines, and the secondary devices only need to show the same bits on a spread."""
     out = []
-    for kind in ("best", "no-features", "opengl"):
+    for kind in ("best", "best-no-subgroup", "opengl"):
         for op, x_type, y_type in _AGREE_CASES:
             for gran in ("tensor", "axis", "block"):
                 if kind != "best" and (len(x_type) + len(y_type) + len(gran)) % 3:
@@ -508,7 +500,9 @@ def test_every_variant_on_every_device_agrees(kind, op, x_type, y_type, gran):
     """per_tensor (where it applies), general and simple, forced, on Vulkan (subgroups, f16),
     Vulkan without features and OpenGL, with WebGPU default limits; 1000+ elements so that
     several workgroups run and the last word of y is partial."""
-    dev = _device(kind)
+    from conftest import gpu_device
+
+    dev = gpu_device(kind)
     x_shape = (5, 7, 29)
     scale = {"QuantizeLinear": "float32", "DequantizeLinear": "float16" if y_type == "float16" else "float32"}[op]
     if y_type == "bfloat16":
