@@ -30,6 +30,19 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
+def gpu_examples(divisor: int = 3) -> int:
+    """Fewer hypothesis examples than the profile, for GPU-heavy properties (each example
+    compiles shaders)."""
+    return max(4, settings.default.max_examples // divisor)
+
+
+def value_info_of(name: str, array):
+    """A ValueInfoProto typed like ``array`` (its dtype and shape)."""
+    from onnx import helper
+
+    return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(array.dtype), array.shape)
+
+
 def gpu_required() -> bool:
     return bool(os.environ.get("CI") or os.environ.get("ONNX_QUANT_REQUIRE_GPU"))
 

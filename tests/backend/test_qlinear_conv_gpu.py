@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
+from conftest import gpu_device, gpu_examples, value_info_of
 from onnx_quant.dtypes import element_type
 from onnx_quant.errors import DeviceError, ExecutionError
 
@@ -27,22 +28,7 @@ VARIANTS = ("blocked", "tiled", "simple")
 QL_INPUTS = ["x", "x_scale", "x_zero_point", "w", "w_scale", "w_zero_point", "y_scale", "y_zero_point", "B"]
 
 
-def _examples(divisor: int = 3) -> int:
-    """Fewer examples than the profile for the GPU-heavy properties (each compiles shaders)."""
-    return max(4, settings.default.max_examples // divisor)
-
-
-def _device(kind: str):
-    from conftest import gpu_device
-
-    return gpu_device(kind)
-
-
 # ----------------------------------------------------------------------------- models
-
-def _vi(name, arr):
-    return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(arr.dtype), arr.shape)
-
 
 def conv_model(op, feeds, attrs):
     if op == "QLinearConv":
@@ -53,7 +39,7 @@ def conv_model(op, feeds, attrs):
         out_type = TensorProto.INT32
     while names[-1] == "":
         names.pop()
-    inputs = [_vi(n, feeds[n]) for n in names if n]
+    inputs = [value_info_of(n, feeds[n]) for n in names if n]
     out = helper.make_tensor_value_info("y", out_type, None)
     node = helper.make_node(op, names, ["y"], name="conv", **attrs)
     graph = helper.make_graph([node], "g", inputs, [out])
@@ -223,7 +209,7 @@ def conv_case(draw):
 
 # ----------------------------------------------------------------------------- QLinearConv
 
-@settings(max_examples=_examples())
+@settings(max_examples=gpu_examples())
 @given(case=conv_case())
 def test_qlinear_conv_every_variant(best, case):
     """1-D/2-D/3-D x groups/depthwise x pads/strides/dilations/auto_pad x per-channel x bias x
@@ -239,7 +225,7 @@ def test_qlinear_conv_every_variant(best, case):
         assert_bits(got, expected, f"{attrs} variant {v}")
 
 
-@settings(max_examples=_examples())
+@settings(max_examples=gpu_examples())
 @given(case=conv_case(), x_zp=st.booleans(), w_zp=st.booleans())
 def test_conv_integer_every_variant(best, case, x_zp, w_zp):
     """ConvInteger with and without each optional zero point (w per-tensor or per-channel)."""

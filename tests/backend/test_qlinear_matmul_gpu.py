@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
+from conftest import gpu_device, gpu_examples, value_info_of
 from onnx_quant.dtypes import element_type
 from onnx_quant.errors import DeviceError, ExecutionError
 
@@ -34,27 +35,10 @@ SCALE_TYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
 FLOAT8 = ("float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz")
 
 
-def _examples(divisor: int = 3) -> int:
-    """Fewer examples than the profile for the GPU-heavy properties (each compiles shaders)."""
-    return max(4, settings.default.max_examples // divisor)
-
-
-# ----------------------------------------------------------------------------- devices
-
-def _device(kind: str):
-    from conftest import gpu_device
-
-    return gpu_device(kind)
-
-
 # ----------------------------------------------------------------------------- models
 
-def _vi(name, arr):
-    return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(arr.dtype), arr.shape)
-
-
 def qlinear_matmul_model(feeds, opset=21):
-    inputs = [_vi(n, feeds[n]) for n in QL_INPUTS]
+    inputs = [value_info_of(n, feeds[n]) for n in QL_INPUTS]
     out = helper.make_tensor_value_info("y", helper.np_dtype_to_tensor_dtype(feeds["y_zero_point"].dtype), None)
     graph = helper.make_graph([helper.make_node("QLinearMatMul", QL_INPUTS, ["y"], name="qmm")], "g", inputs, [out])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
@@ -64,7 +48,7 @@ def matmul_integer_model(feeds):
     names = ["A", "B", "a_zero_point" if "a_zero_point" in feeds else "", "b_zero_point" if "b_zero_point" in feeds else ""]
     while names[-1] == "":
         names.pop()
-    inputs = [_vi(n, feeds[n]) for n in names if n]
+    inputs = [value_info_of(n, feeds[n]) for n in names if n]
     out = helper.make_tensor_value_info("Y", TensorProto.INT32, None)
     graph = helper.make_graph([helper.make_node("MatMulInteger", names, ["Y"], name="mmi")], "g", inputs, [out])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 10)])
@@ -384,7 +368,7 @@ def matmul_case(draw, float8=False):
 
 # ----------------------------------------------------------------------------- QLinearMatMul
 
-@settings(max_examples=_examples())
+@settings(max_examples=gpu_examples())
 @given(case=matmul_case())
 def test_qlinear_matmul_every_variant(best, case):
     """Shapes x broadcasting x dtypes x scale type x granularity: each variant forced equals
@@ -513,7 +497,7 @@ def test_onnxruntime_agrees_away_from_ties(best):
         assert_bits(run_gpu(best, model, f)[0], expected, "gpu")
 
 
-@settings(max_examples=_examples(5))
+@settings(max_examples=gpu_examples(5))
 @given(case=matmul_case(float8=True))
 def test_float8_qlinear_matmul(best, case):
     """Opset-21 float8 a, b, y (every type, zero points 0 as the float8 convention has it):
@@ -547,7 +531,7 @@ def matmul_integer_case(draw):
     return out
 
 
-@settings(max_examples=_examples())
+@settings(max_examples=gpu_examples())
 @given(case=matmul_integer_case())
 def test_matmul_integer_every_variant(best, case):
     """Optional zero points (absent, scalar, per-row of A, per-column of B) x shapes x dtypes."""
