@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from onnx_quant.errors import ExecutionError, QuantError
+from onnx_quant.timing import median_seconds
 
 # --------------------------------------------------------------------------- numpy formula
 
@@ -405,15 +406,6 @@ def cmd_run(args) -> int:
 # --------------------------------------------------------------------------- bench
 
 
-def _median_time(fn: Callable[[], Any], repeat: int) -> float:
-    times = []
-    for _ in range(max(1, repeat)):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 #: elements the single_invocation shader gets through on llvmpipe (65535 loop iterations per
 #: invocation, 16 elements per iteration in each of its two loops)
 LLVMPIPE_SERIAL_CAP = 65535 * 8
@@ -476,7 +468,7 @@ def bench_dql(
         n = 1 << int(k)
         base = (rng.standard_normal(n) * 3).astype(np.float32)
         ref = numpy_dynamic_quantize_linear(base)
-        t_np = _median_time(lambda: numpy_onnx_formula(base), repeat)
+        t_np = median_seconds(lambda: numpy_onnx_formula(base), repeat)
         np_out = numpy_onnx_formula(base)
         row_np = {"log2": int(k), "elements": n, "impl": "numpy", "variant": "-", "ms": t_np * 1e3,
                   "exact": all(_same(a, b)[0] for a, b in zip(np_out, ref))}
@@ -485,7 +477,7 @@ def bench_dql(
         t_ort = None
         if ort_session is not None:
             ort_session.run(None, {"x": base})
-            t_ort = _median_time(lambda: ort_session.run(None, {"x": base}), repeat)
+            t_ort = median_seconds(lambda: ort_session.run(None, {"x": base}), repeat)
             ort_out = ort_session.run(None, {"x": base})
             rows.append({"log2": int(k), "elements": n, "impl": "onnxruntime-cpu", "variant": "-",
                          "ms": t_ort * 1e3,
@@ -510,14 +502,14 @@ def bench_dql(
                 comp0 = device.pipelines.compilations
                 bufs0 = device.stats.buffers_allocated
                 reps = repeat if first < 2.0 else max(1, min(repeat, 2))
-                t_gpu = _median_time(lambda: session.run(None, {"x": x}), reps)
+                t_gpu = median_seconds(lambda: session.run(None, {"x": x}), reps)
                 compilations = device.pipelines.compilations - comp0
                 buffers = device.stats.buffers_allocated - bufs0
                 plan = session.plans({"x": (count,)})[0]
                 prep = prepare(device, plan)
                 small = device.allocate_staging(4, label="bench wait")
                 scale_buf = prep.buffers["y_scale"]
-                t_kernel = _median_time(
+                t_kernel = median_seconds(
                     lambda: device.launch(prep.steps, copies=[(scale_buf, 0, small, 0, 4)], read=small), reps)
                 small.destroy()
             finally:

@@ -34,6 +34,7 @@ import onnx
 from onnx import numpy_helper
 
 from onnx_quant.errors import ExecutionError, QuantError
+from onnx_quant.node_cases import all_node_cases
 
 #: the op types whose node cases make up the conformance set
 FAMILY_OPS: tuple[str, ...] = (
@@ -47,23 +48,7 @@ DEFAULT_RTOL, DEFAULT_ATOL = 1e-3, 1e-7
 #: float types compared with a tolerance; every other type is compared bit for bit
 _WIDE_FLOATS = ("float16", "bfloat16", "float32", "float64")
 
-_CASES: list[Any] | None = None
-
-
 # ------------------------------------------------------------------------------------ cases
-
-
-def _all_cases() -> list[Any]:
-    """onnx's node test cases, collected once per process (the call imports ~200 modules)."""
-    global _CASES
-    if _CASES is None:
-        from onnx.backend.test.case.node import collect_testcases  # noqa: PLC0415
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with np.errstate(all="ignore"):
-                _CASES = list(collect_testcases())
-    return _CASES
 
 
 def case_ops(case: Any) -> list[str]:
@@ -83,7 +68,7 @@ def family_cases(ops: Iterable[str] | None = None) -> list[Any]:
             raise ExecutionError(f"--ops {', '.join(unknown)}: not in the quantization family "
                                  f"({', '.join(FAMILY_OPS)})")
     out = []
-    for case in _all_cases():
+    for case in all_node_cases():
         if case.model is None or not any(op in FAMILY_OPS for op in case_ops(case)):
             continue
         if wanted is not None and case_op_type(case).split(" ")[0].lower() not in wanted:
@@ -104,7 +89,7 @@ def case_op_type(case: Any) -> str:
         return ops[0]
     if case.name.endswith("_expanded"):
         base = case.name[: -len("_expanded")]
-        for other in _all_cases():
+        for other in all_node_cases():
             if other.name == base and other.model is not None and len(other.model.graph.node) == 1:
                 return f"{other.model.graph.node[0].op_type} (expanded)"
     fam = [op for op in ops if op in FAMILY_OPS]

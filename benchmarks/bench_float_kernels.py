@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 from onnx import helper  # noqa: E402
+
+from onnx_quant.timing import median_seconds  # noqa: E402
 
 FORCE = {"COARSE_MIN_WORDS": 0, "TILED_MIN_MACS": 0, "SERIAL_MAX_ELEMENTS": 10**9, "SERIAL_MAX_ROW": 10**9,
          "TABLE_MIN_ELEMENTS": 0}
@@ -69,13 +69,7 @@ def plans(dev, model, feeds):
 
 
 def median_ms(fn, repeat):
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return median_seconds(fn, repeat, warm_up=True) * 1e3
 
 
 def cases():

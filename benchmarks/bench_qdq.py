@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -36,17 +34,13 @@ import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 from onnx import helper, numpy_helper  # noqa: E402
 
+from onnx_quant.timing import median_seconds  # noqa: E402
+
 VARIANTS = ("per_tensor", "general", "simple")
 
 
 def median_ms(fn, repeat):
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return median_seconds(fn, repeat, warm_up=True) * 1e3
 
 
 def make_case(name: str, n_log2: int, rng):

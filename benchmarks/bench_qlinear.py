@@ -24,17 +24,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from onnx import TensorProto, helper  # noqa: E402
+
+from onnx_quant.timing import median_seconds  # noqa: E402
 
 QLMM_INPUTS = ["a", "a_scale", "a_zero_point", "b", "b_scale", "b_zero_point", "y_scale", "y_zero_point"]
 QLC_INPUTS = ["x", "x_scale", "x_zero_point", "w", "w_scale", "w_zero_point", "y_scale", "y_zero_point"]
@@ -72,15 +73,6 @@ TUNE_CONV = {
         {"TILE_WG_ROWS": 8, "TILE_WG_COLS": 8, "TILE_CHANNELS_PER_THREAD": 4, "TILE_POSITION_QUADS_PER_THREAD": 2, "TILE_K_WORDS": 16},
     ],
 }
-
-
-def _median_time(fn: Callable[[], Any], repeat: int) -> float:
-    times = []
-    for _ in range(max(1, repeat)):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def _model(op: str, names: list[str], feeds: dict, attrs: dict | None = None):
@@ -144,7 +136,7 @@ def bench_case(case: dict, device, variants: list[str], repeat: int, tune: bool,
 
     rows: list[dict] = []
     feeds, ops = case["feeds"], case["ops"]
-    t_np = _median_time(case["numpy"], repeat)
+    t_np = median_seconds(case["numpy"], repeat)
     rows.append({"case": case["name"], "impl": "numpy", "variant": case["numpy_what"], "ms": t_np * 1e3})
     say(f"{case['name']}: numpy {t_np * 1e3:.1f} ms")
     try:
@@ -152,7 +144,7 @@ def bench_case(case: dict, device, variants: list[str], repeat: int, tune: bool,
 
         sess = ort.InferenceSession(case["model"].SerializeToString(), providers=["CPUExecutionProvider"])
         sess.run(None, feeds)
-        t_ort = _median_time(lambda: sess.run(None, feeds), max(repeat, 5))
+        t_ort = median_seconds(lambda: sess.run(None, feeds), max(repeat, 5))
         rows.append({"case": case["name"], "impl": "onnxruntime-cpu", "variant": "", "ms": t_ort * 1e3})
         say(f"{case['name']}: onnxruntime {t_ort * 1e3:.1f} ms")
     except ImportError:  # pragma: no cover - onnxruntime is a test extra
@@ -167,13 +159,13 @@ def bench_case(case: dict, device, variants: list[str], repeat: int, tune: bool,
             exact = bool(np.array_equal(got, case["expected"]))
             comp0 = device.pipelines.compilations
             reps = repeat if first < 3.0 else max(1, min(repeat, 2))
-            t_gpu = math.nan if kernel_only else _median_time(lambda: session.run(None, feeds), reps)
+            t_gpu = math.nan if kernel_only else median_seconds(lambda: session.run(None, feeds), reps)
             compiles = device.pipelines.compilations - comp0
             plan = session.plans({k: v.shape for k, v in feeds.items()})[0]
             prep = prepare(device, plan)
             small = device.allocate_staging(4, label="bench wait")
             out = prep.buffers["y"]
-            t_kernel = _median_time(lambda: device.launch(prep.steps, copies=[(out, 0, small, 0, 4)], read=small), reps)
+            t_kernel = median_seconds(lambda: device.launch(prep.steps, copies=[(out, 0, small, 0, 4)], read=small), reps)
             small.destroy()
         finally:
             session.close()

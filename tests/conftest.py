@@ -43,6 +43,40 @@ def value_info_of(name: str, array):
     return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(array.dtype), array.shape)
 
 
+def assert_bits(got, expected, what=""):
+    """Same dtype, shape and bits (1-byte types, float8 included, compared as raw bytes)."""
+    import numpy as np
+
+    expected = np.asarray(expected)
+    assert got.dtype == expected.dtype, (what, got.dtype, expected.dtype)
+    assert got.shape == expected.shape, (what, got.shape, expected.shape)
+    g = got.view(np.uint8) if got.dtype.itemsize == 1 else got
+    e = expected.view(np.uint8) if expected.dtype.itemsize == 1 else expected
+    if not np.array_equal(g, e):
+        bad = np.argwhere(g != e)[:6]
+        raise AssertionError(f"{what}: {int((g != e).sum())} of {g.size} differ, first at {bad.tolist()}: "
+                             f"got {[got[tuple(i)] for i in bad]}, expected {[expected[tuple(i)] for i in bad]}")
+
+
+def assert_node_cases_every_variant(device, op_types, variants) -> int:
+    """ONNX's node cases with a node of ``op_types``, run with each of ``variants`` forced on
+    their first node: outputs bit for bit as the case expects. Returns the number of cases."""
+    from backend_wgpu.session import Session
+    from onnx_quant.node_cases import all_node_cases
+
+    cases = [c for c in all_node_cases() if any(n.op_type in op_types for n in c.model.graph.node)]
+    for case in cases:
+        op = case.model.graph.node[0].op_type
+        for inputs, outputs in case.data_sets:
+            feeds = {vi.name: x for vi, x in zip(case.model.graph.input, inputs)}
+            for v in variants:
+                with Session(case.model, device=device, variants={op: v}) as s:
+                    got = s.run(None, feeds)
+                for g, e in zip(got, outputs):
+                    assert_bits(g, e, f"{case.name} {v}")
+    return len(cases)
+
+
 def gpu_required() -> bool:
     return bool(os.environ.get("CI") or os.environ.get("ONNX_QUANT_REQUIRE_GPU"))
 
@@ -54,15 +88,10 @@ def no_gpu(reason: str):
     pytest.skip(f"no usable wgpu adapter: {reason}")
 
 
-def gpu_device(kind: str = "best"):
-    """A wgpu device for tests, with WebGPU default limits so tests never depend on big ones.
-
-    ``kind``: ``"best"`` (the default adapter), ``"best-no-subgroup"`` (same adapter, no
-    optional features, to exercise the workgroup-memory paths) or ``"opengl"`` (skipped
-    where no OpenGL adapter exists: it is an extra, not the adapter CI requires).
-    A missing adapter goes through :func:`no_gpu` (fail in CI, skip elsewhere).
-    """
-    from backend_wgpu.device import get_device, list_adapters
+def gpu_adapters():
+    """wgpu's adapters, best first; none (or an error listing them) goes through
+    :func:`no_gpu`."""
+    from backend_wgpu.device import list_adapters
     from onnx_quant.errors import DeviceError
 
     try:
@@ -71,6 +100,21 @@ def gpu_device(kind: str = "best"):
         no_gpu(str(e))
     if not adapters:
         no_gpu("wgpu lists no adapter")
+    return adapters
+
+
+def gpu_device(kind: str = "best"):
+    """A wgpu device for tests, with WebGPU default limits so tests never depend on big ones.
+
+    ``kind``: ``"best"`` (the default adapter), ``"best-no-subgroup"`` (same adapter, no
+    optional features, to exercise the workgroup-memory paths) or ``"opengl"`` (skipped
+    where no OpenGL adapter exists: it is an extra, not the adapter CI requires).
+    A missing adapter goes through :func:`no_gpu` (fail in CI, skip elsewhere).
+    """
+    from backend_wgpu.device import get_device
+    from onnx_quant.errors import DeviceError
+
+    adapters = gpu_adapters()
     try:
         if kind == "best":
             return get_device(None, limits="default")

@@ -391,10 +391,11 @@ _GELU_TYPES = frozenset({TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOU
 
 def _gelu_like(n, rule: str, x_name: str, bias_name: str | None = None, bias_required: bool = False) -> None:
     """Y takes X's type and shape; a bias must be 1-D with X's last dim (onnxruntime's kernels)."""
-    x, = need(n, rule, x_name)
-    bias = None
-    if bias_name is not None:
-        bias = need(n, rule, x_name, bias_name)[1] if bias_required else _opt(n, 1)
+    if bias_required:
+        x, bias = need(n, rule, x_name, bias_name)
+    else:
+        x, = need(n, rule, x_name)
+        bias = _opt(n, 1) if bias_name is not None else None
     t = check_same_type(n, rule, [x, bias], [x_name, bias_name or ""])
     if t and t not in _GELU_TYPES:
         n.report(rule, f"{x_name} must be a float type", subject=f"input {x_name}",

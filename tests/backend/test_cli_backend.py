@@ -17,18 +17,9 @@ from onnx_quant.cli import main
 
 @pytest.fixture(scope="module")
 def gpu():
-    from conftest import no_gpu
+    from conftest import gpu_adapters
 
-    from backend_wgpu.device import list_adapters
-    from onnx_quant.errors import DeviceError
-
-    try:
-        adapters = list_adapters()
-    except DeviceError as e:
-        no_gpu(str(e))
-    if not adapters:
-        no_gpu("wgpu lists no adapter")
-    return adapters
+    return gpu_adapters()
 
 
 @pytest.fixture

@@ -194,7 +194,6 @@ def test_run_bad_input_is_one_line(device, capsys, dql_path, tmp_path):
 
 
 def test_demo_agrees_with_onnxruntime(device, capsys):
-    pytest.importorskip("onnxruntime")
     code, out, err = run_cli(capsys, "demo")
     assert "inferred" in out and "QLinearConv" in out and "[N, 8, 1, 1]" in out
     assert "host fallback:" in out

@@ -232,7 +232,7 @@ def test_qlinear_add_operand_order_matters():
     """Documents why the kernel follows onnxruntime's broadcast loop: with the operands in
     the fixed order fma(a, RA, fma(b, RB, F)), onnxruntime's results are not reproduced when A
     repeats along the innermost dimension (it swaps them there); with the swap they are."""
-    ort = pytest.importorskip("onnxruntime")
+    import onnxruntime as ort
     del ort
     r = np.random.default_rng(5)
     a, b = all_bytes(np.uint8, (256, 1)), all_bytes(np.uint8, (1, 256))
@@ -413,7 +413,6 @@ def test_onnxruntime_qoperator_model_runs_bit_exact(tmp_path):
     QLinearAdd, QLinearLeakyRelu, QLinearSigmoid, QLinearMul, QLinearAveragePool, MaxPool on
     uint8, QLinearConcat, QLinearGlobalAveragePool) runs whole on the device through
     backend_wgpu.Session and gives onnxruntime's outputs bit for bit."""
-    pytest.importorskip("onnxruntime")
     if not ORT_FMA3:
         pytest.skip("bit-exactness with onnxruntime is established for its AVX2/FMA3 kernels")
     import onnx
@@ -421,7 +420,7 @@ def test_onnxruntime_qoperator_model_runs_bit_exact(tmp_path):
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     from backend_wgpu.session import Session
-    from test_float_kernels_gpu import _device
+    from conftest import gpu_device
 
     r = np.random.default_rng(12)
     inits = {"W": (r.standard_normal((8, 3, 3, 3)) * 0.3).astype(F32), "B": r.standard_normal(8).astype(F32),
@@ -456,7 +455,7 @@ def test_onnxruntime_qoperator_model_runs_bit_exact(tmp_path):
     ops = {n.op_type for n in q.graph.node}
     assert {"QLinearAdd", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearMul", "QLinearAveragePool",
             "QLinearConcat", "QLinearGlobalAveragePool"} <= ops, ops
-    sess = Session(q, device=_device("best"))
+    sess = Session(q, device=gpu_device("best"))
     for seed in range(3):
         x = np.random.default_rng(100 + seed).standard_normal((1, 3, 8, 8)).astype(F32)
         assert_same_bits(sess.run(None, {"x": x})[0], ort_run(q, {"x": x})[0], f"quantized CNN, input {seed}")
@@ -468,9 +467,10 @@ def test_kernels_agree_on_opengl(best):
     """A representative of every template renders, compiles and gives the same bits on the
     OpenGL adapter (no subgroups, another shader compiler path) as on the best adapter,
     every variant forced."""
-    from test_float_kernels_gpu import _device, bits, data
+    from conftest import gpu_device
+    from test_float_kernels_gpu import bits, data
 
-    gl = _device("opengl")
+    gl = gpu_device("opengl")
     x = data((2, 3, 5, 5), np.float32, 1)
     h = x.astype(np.float16)
     a, b, w = data((17, 33), np.float32, 2), data((33, 19), np.float32, 3), data((8, 3, 3, 3), np.float32, 4)

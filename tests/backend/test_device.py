@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, numpy_helper
 
+from conftest import gpu_adapters
 from backend_wgpu import device as devmod
 from backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS
 from backend_wgpu.executor import pack_array, packed_nbytes, unpack_array
@@ -17,22 +18,10 @@ from onnx_quant.dtypes import BY_NAME
 from onnx_quant.errors import DeviceError
 
 
-def _adapters():
-    from conftest import no_gpu
-
-    try:
-        adapters = devmod.list_adapters()
-    except DeviceError as e:
-        no_gpu(str(e))
-    if not adapters:
-        no_gpu("wgpu lists no adapter")
-    return adapters
-
-
 # ----------------------------------------------------------------------------- adapters
 
 def test_adapters_listed_best_first():
-    adapters = _adapters()
+    adapters = gpu_adapters()
     assert [a.index for a in adapters] == list(range(len(adapters)))
     assert [a.rank for a in adapters] == sorted(a.rank for a in adapters)
     for a in adapters:
@@ -42,7 +31,7 @@ def test_adapters_listed_best_first():
 
 
 def test_adapter_selection(monkeypatch):
-    adapters = _adapters()
+    adapters = gpu_adapters()
     monkeypatch.delenv("ONNX_QUANT_ADAPTER", raising=False)
     assert devmod.select_adapter().index == 0
     last = adapters[-1]
@@ -59,7 +48,7 @@ def test_adapter_selection(monkeypatch):
 
 @pytest.mark.parametrize("choice", [99, "-1", "no-such-adapter"])
 def test_bad_adapter_choice(monkeypatch, choice):
-    _adapters()
+    gpu_adapters()
     with pytest.raises(DeviceError, match="no usable adapter"):
         devmod.select_adapter(choice)
     monkeypatch.setenv("ONNX_QUANT_ADAPTER", str(choice))
@@ -91,7 +80,7 @@ def test_default_limits_are_requested_and_read_back(best):
 
 
 def test_limits_from_environment(monkeypatch):
-    _adapters()
+    gpu_adapters()
     monkeypatch.setenv("ONNX_QUANT_LIMITS", "default")
     dev = devmod.get_device(None)
     assert dev.limits_mode == "default"

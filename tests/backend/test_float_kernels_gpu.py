@@ -45,12 +45,6 @@ RAN: set[tuple[str, str]] = set()
 
 # ----------------------------------------------------------------------------- devices
 
-def _device(kind: str):
-    from conftest import gpu_device
-
-    return gpu_device(kind)
-
-
 # ----------------------------------------------------------------------------- harness
 
 def node_model(op: str, inputs, outputs, *, attrs=None, domain: str = "", opset: int = 17,
@@ -178,7 +172,7 @@ def run_all_variants(dev, model, feeds, tunables=None):
 
 
 def ort_run(model, feeds):
-    ort = pytest.importorskip("onnxruntime")
+    import onnxruntime as ort
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)
 
@@ -706,12 +700,9 @@ OUR_OPS = ("Add", "Sub", "Mul", "Div", "Relu", "LeakyRelu", "Sigmoid", "Clip", "
 
 
 def _node_cases():
-    from onnx.backend.test.case.node import collect_testcases
+    from onnx_quant.node_cases import all_node_cases
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cases = collect_testcases()
-    return [c for c in cases if len(c.model.graph.node) == 1 and c.model.graph.node[0].op_type in OUR_OPS
+    return [c for c in all_node_cases() if len(c.model.graph.node) == 1 and c.model.graph.node[0].op_type in OUR_OPS
             and not c.model.graph.node[0].domain]
 
 

@@ -44,15 +44,13 @@ Devices: the best adapter (lavapipe Vulkan here) and the OpenGL adapter, WebGPU 
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_quant.errors import ExecutionError, QuantError
-
-ort = pytest.importorskip("onnxruntime")
 
 f32 = np.float32
 FLT_MAX = np.finfo(np.float32).max
@@ -769,12 +767,9 @@ def test_layer_normalization_mean_and_inv_std_dev_on_the_gpu(dev, outs, shape):
 # ============================================================================= ONNX node cases
 
 def _node_cases(op_types):
-    from onnx.backend.test.case.node import collect_testcases
+    from onnx_quant.node_cases import all_node_cases
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cases = collect_testcases()
-    return [c for c in cases if all(n.op_type in op_types for n in c.model.graph.node)
+    return [c for c in all_node_cases() if all(n.op_type in op_types for n in c.model.graph.node)
             and "expanded" not in c.name]
 
 

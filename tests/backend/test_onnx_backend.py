@@ -40,12 +40,9 @@ def gpu():
 
 
 def _node_cases(*op_types):
-    from onnx.backend.test.case.node import collect_testcases
+    from onnx_quant.node_cases import all_node_cases
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cases = collect_testcases()
-    return [c for c in cases if c.model.graph.node[0].op_type in op_types and len(c.model.graph.node) == 1]
+    return [c for c in all_node_cases() if c.model.graph.node[0].op_type in op_types and len(c.model.graph.node) == 1]
 
 
 def test_backend_is_an_onnx_backend_and_reads_device_strings():

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-from conftest import gpu_device, gpu_examples, value_info_of
+from conftest import assert_bits, assert_node_cases_every_variant, gpu_device, gpu_examples, value_info_of
 from onnx_quant.dtypes import element_type
 from onnx_quant.errors import DeviceError, ExecutionError
 
@@ -136,16 +136,6 @@ def reference_accepts(f, nsp):
     """onnx.reference expands per-channel w parameters to 4-D: right only for 2-D convolutions."""
     per_channel = any(np.asarray(f.get(n, 0)).size > 1 for n in ("w_scale", "w_zero_point"))
     return nsp == 2 or not per_channel
-
-
-def assert_bits(got, expected, what=""):
-    expected = np.asarray(expected)
-    assert got.dtype == expected.dtype, (what, got.dtype, expected.dtype)
-    assert got.shape == expected.shape, (what, got.shape, expected.shape)
-    if not np.array_equal(got, expected):
-        bad = np.argwhere(got != expected)[:6]
-        raise AssertionError(f"{what}: {int((got != expected).sum())} of {got.size} differ, first at {bad.tolist()}: "
-                             f"got {[got[tuple(i)] for i in bad]}, expected {[expected[tuple(i)] for i in bad]}")
 
 
 # ----------------------------------------------------------------------------- data
@@ -289,7 +279,7 @@ def test_onnxruntime_agrees_where_float32_does(best):
     """onnxruntime (per-channel QLinearConv in 1-D, 2-D and 3-D) computes the requantization in
     float32: where that equals the float64 result it matches us bit for bit, and where it
     does not, it matches the float32 formula (docs/benchmarks.md, "QLinearMatMul / QLinearConv")."""
-    ort = pytest.importorskip("onnxruntime")
+    import onnxruntime as ort
     rng = np.random.default_rng(12)
     for xs, ws, attrs in (((1, 3, 11), (4, 3, 3), {"pads": [1, 1]}),
                           ((1, 4, 7, 6), (6, 2, 3, 3), {"group": 2, "strides": [2, 1], "pads": [1, 1, 1, 1]}),
@@ -310,23 +300,7 @@ def test_onnxruntime_agrees_where_float32_does(best):
 
 def test_onnx_node_cases(best):
     """ONNX's node test cases for QLinearConv and ConvInteger pass with every variant."""
-    from onnx.backend.test.case.node import collect_testcases
-
-    from backend_wgpu.session import Session
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cases = [c for c in collect_testcases() if any(n.op_type in ("QLinearConv", "ConvInteger") for n in c.model.graph.node)]
-    assert len(cases) >= 3
-    for case in cases:
-        op = case.model.graph.node[0].op_type
-        for inputs, outputs in case.data_sets:
-            feeds = {vi.name: x for vi, x in zip(case.model.graph.input, inputs)}
-            for v in VARIANTS:
-                with Session(case.model, device=best, variants={op: v}) as s:
-                    got = s.run(None, feeds)
-                for g, e in zip(got, outputs):
-                    assert_bits(g, e, f"{case.name} {v}")
+    assert assert_node_cases_every_variant(best, {"QLinearConv", "ConvInteger"}, VARIANTS) >= 3
 
 
 # ----------------------------------------------------------------------------- limits and errors

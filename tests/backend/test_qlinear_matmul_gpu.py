@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-from conftest import gpu_device, gpu_examples, value_info_of
+from conftest import assert_bits, assert_node_cases_every_variant, gpu_device, gpu_examples, value_info_of
 from onnx_quant.dtypes import element_type
 from onnx_quant.errors import DeviceError, ExecutionError
 
@@ -159,18 +159,6 @@ def reference_outputs(model, feeds):
 
     want = tuple(matmul_output_shape(a.shape, (f["b"] if "b" in f else f["B"]).shape))
     return out.reshape(want) if out.size == int(np.prod(want)) else out
-
-
-def assert_bits(got, expected, what=""):
-    expected = np.asarray(expected)
-    assert got.dtype == expected.dtype, (what, got.dtype, expected.dtype)
-    assert got.shape == expected.shape, (what, got.shape, expected.shape)
-    g = got.view(np.uint8) if got.dtype.itemsize == 1 else got
-    e = expected.view(np.uint8) if expected.dtype.itemsize == 1 else expected
-    if not np.array_equal(g, e):
-        bad = np.argwhere(g != e)[:6]
-        raise AssertionError(f"{what}: {int((g != e).sum())} of {g.size} differ, first at {bad.tolist()}: "
-                             f"got {[got[tuple(i)] for i in bad]}, expected {[expected[tuple(i)] for i in bad]}")
 
 
 # ----------------------------------------------------------------------------- WGSL harness
@@ -471,7 +459,7 @@ def test_float32_vs_float64_requantization_matches_the_reference(best):
         assert np.sum(np.diag(f32) != np.diag(expected)) >= len(pairs) // 2
         for v in VARIANTS:
             assert_bits(run_gpu(best, model, f, v)[0], expected, f"zp={yzp} {v}")
-        ort = pytest.importorskip("onnxruntime")
+        import onnxruntime as ort
         sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         assert_bits(sess.run(None, f)[0], f32, "onnxruntime follows the float32 formula")
 
@@ -479,7 +467,7 @@ def test_float32_vs_float64_requantization_matches_the_reference(best):
 def test_onnxruntime_agrees_away_from_ties(best):
     """Where onnxruntime supports the input (per-tensor a; per-tensor or per-column b) and no
     float32/float64 disagreement occurs, it gives the same bytes."""
-    ort = pytest.importorskip("onnxruntime")
+    import onnxruntime as ort
     rng = np.random.default_rng(5)
     for ta, tb in ((np.uint8, np.uint8), (np.int8, np.int8), (np.uint8, np.int8)):
         f = {"a": _q(rng, ta, (2, 6, 12)), "a_scale": np.array(0.0125, np.float32), "a_zero_point": _q(rng, ta, ()),
@@ -563,30 +551,9 @@ def test_matmul_integer_int32_wraps_like_numpy(best):
 
 # ----------------------------------------------------------------------------- conformance
 
-def _node_cases(op_types):
-    from onnx.backend.test.case.node import collect_testcases
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cases = collect_testcases()
-    return [c for c in cases if any(n.op_type in op_types for n in c.model.graph.node)]
-
-
 def test_onnx_node_cases(best):
     """ONNX's own node test cases for QLinearMatMul and MatMulInteger pass with every variant."""
-    cases = _node_cases({"QLinearMatMul", "MatMulInteger"})
-    assert len(cases) >= 9
-    from backend_wgpu.session import Session
-
-    for case in cases:
-        op = case.model.graph.node[0].op_type
-        for inputs, outputs in case.data_sets:
-            feeds = {vi.name: x for vi, x in zip(case.model.graph.input, inputs)}
-            for v in VARIANTS:
-                with Session(case.model, device=best, variants={op: v}) as s:
-                    got = s.run(None, feeds)
-                for g, e in zip(got, outputs):
-                    assert_bits(g, e, f"{case.name} {v}")
+    assert assert_node_cases_every_variant(best, {"QLinearMatMul", "MatMulInteger"}, VARIANTS) >= 9
 
 
 # ----------------------------------------------------------------------------- edges, limits, errors

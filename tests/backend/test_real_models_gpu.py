@@ -46,8 +46,6 @@ import pytest
 
 from onnx_quant import model_zoo
 
-pytest.importorskip("onnxruntime")
-
 DYNAMIC_RTOL = 1e-4
 
 #: tiny models: (builder kwargs, run dims); the calibration dims are model_zoo.CALIBRATION_DIMS

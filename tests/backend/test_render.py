@@ -159,16 +159,11 @@ def test_snippets_are_included_not_copied():
 # ----------------------------------------------------------------------------- compile on device
 
 def _devices():
-    from conftest import no_gpu
+    from conftest import gpu_adapters
 
-    from backend_wgpu.device import get_device, list_adapters
+    from backend_wgpu.device import get_device
 
-    try:
-        adapters = list_adapters()
-    except DeviceError as e:
-        no_gpu(str(e))
-    if not adapters:
-        no_gpu("wgpu lists no adapter")
+    adapters = gpu_adapters()
     devs = [get_device(None, limits="default"), get_device(None, limits="default", features=())]
     if any(a.backend == "OpenGL" for a in adapters):
         devs.append(get_device("opengl", limits="default"))

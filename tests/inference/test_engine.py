@@ -523,14 +523,10 @@ def test_big_chain_is_linear_and_complete():
 # ------------------------------------------------------------------ onnx's own node test cases
 @pytest.fixture(scope="module")
 def onnx_node_cases():
-    """Every node test case of the installed onnx (collected once per process by onnx)."""
-    import warnings
+    """Every node test case of the installed onnx (collected once per process)."""
+    from onnx_quant.node_cases import all_node_cases
 
-    from onnx.backend.test.case.node import collect_testcases
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return [c for c in collect_testcases() if c.model is not None]
+    return [c for c in all_node_cases() if c.model is not None]
 
 
 def _disagreements(model) -> list[str]:

@@ -52,13 +52,10 @@ EXCLUDED: dict[str, str] = {}
 @functools.lru_cache(maxsize=1)
 def _selected() -> tuple[list, list]:
     """(single-node cases, multi-node cases) of the operators above; collected once."""
-    from onnx.backend.test.case.node import collect_testcases
+    from onnx_quant.node_cases import all_node_cases
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cases = collect_testcases()
     single, multi = [], []
-    for case in cases:
+    for case in all_node_cases():
         model = case.model
         if model is None or case.name in EXCLUDED:
             continue

@@ -1,7 +1,7 @@
 """ONNX's own node test cases of the quantization family, typed by this project.
 
-``collect_testcases()`` imports onnx's case modules once and returns one global list, so it
-is called once, without arguments, and filtered by the op_type of each case's nodes.
+``onnx_quant.node_cases.all_node_cases()`` collects onnx's cases once per process; they are
+filtered by the op_type of each case's nodes.
 Every graph output's type is stripped (names kept) and must come back exactly as declared,
 through ``inference.infer_shapes`` (the whole pass, strict) and, for the one-node cases,
 through the rules alone.
@@ -10,7 +10,6 @@ through the rules alone.
 from __future__ import annotations
 
 import functools
-import warnings
 
 import onnx
 import pytest
@@ -49,13 +48,10 @@ EXPECTED_NAMES = [
 
 @functools.lru_cache(maxsize=1)
 def family_cases() -> dict[str, onnx.ModelProto]:
-    from onnx.backend.test.case.node import collect_testcases
+    from onnx_quant.node_cases import all_node_cases
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cases = collect_testcases()
     return {
-        c.name: c.model for c in cases
+        c.name: c.model for c in all_node_cases()
         if c.model is not None and any(n.op_type in FAMILY for n in c.model.graph.node)
     }
 

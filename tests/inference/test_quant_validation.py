@@ -289,7 +289,7 @@ def test_onnx_accepts_but_we_reject(case):
     m, rule = ACCEPTED_ELSEWHERE[case]
     onnx.checker.check_model(m, full_check=True)
     onnx.shape_inference.infer_shapes(m, strict_mode=True)
-    ort = pytest.importorskip("onnxruntime")
+    import onnxruntime as ort
     ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
     _assert_rejected(m, rule)
     assert [d.rule for d in inference.check_model(m)] == [rule]  # the checker itself has nothing to say
