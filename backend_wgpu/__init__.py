@@ -1,7 +1,7 @@
 """The wgpu backend: device layer, kernel specs and planning, rendering, execution, Session.
 
-``import backend_wgpu`` stays cheap: ``Session`` (and wgpu with it) loads on first use, and
-``backend`` (the ``onnx.backend`` Backend, :class:`backend_wgpu.onnx_backend.WgpuBackend`) too.
+``import onnx_quant.backend_wgpu`` stays cheap: ``Session`` (and wgpu with it) loads on first use, and
+``backend`` (the ``onnx.backend`` Backend, :class:`onnx_quant.backend_wgpu.onnx_backend.WgpuBackend`) too.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ __all__ = ["Session", "backend"]
 
 def __getattr__(name: str) -> Any:
     if name == "Session":
-        from backend_wgpu.session import Session
+        from onnx_quant.backend_wgpu.session import Session
 
         return Session
     if name == "backend":
-        from backend_wgpu.onnx_backend import WgpuBackend
+        from onnx_quant.backend_wgpu.onnx_backend import WgpuBackend
 
         return WgpuBackend
-    raise AttributeError(f"module 'backend_wgpu' has no attribute {name!r}")
+    raise AttributeError(f"module 'onnx_quant.backend_wgpu' has no attribute {name!r}")

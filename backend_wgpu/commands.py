@@ -84,7 +84,7 @@ _PLANNER_LIMITS = (
 
 def limits_used_by_specs() -> list[str]:
     """Limit names the kernel specs read (``device.limits.X``) and those the planner checks."""
-    from backend_wgpu.render import templates_dir  # noqa: PLC0415
+    from onnx_quant.backend_wgpu.render import templates_dir  # noqa: PLC0415
 
     names = set(_PLANNER_LIMITS)
     for path in sorted(templates_dir().glob("*.kernel.json")):
@@ -93,8 +93,8 @@ def limits_used_by_specs() -> list[str]:
 
 
 def devices_report() -> list[dict[str, Any]]:
-    from backend_wgpu.device import WANTED_FEATURES, list_adapters, select_adapter  # noqa: PLC0415
-    from backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS  # noqa: PLC0415
+    from onnx_quant.backend_wgpu.device import WANTED_FEATURES, list_adapters, select_adapter  # noqa: PLC0415
+    from onnx_quant.backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS  # noqa: PLC0415
 
     adapters = list_adapters()
     default = select_adapter(None).index if adapters else None
@@ -154,7 +154,7 @@ def _parse_shapes(items: Iterable[str]) -> dict[str, list[int]]:
 
 
 def cmd_explain(args) -> int:
-    from backend_wgpu.session import Session  # noqa: PLC0415
+    from onnx_quant.backend_wgpu.session import Session  # noqa: PLC0415
 
     session = Session(args.model, adapter=getattr(args, "adapter", None))
     entries = session.explain(_parse_shapes(getattr(args, "shape", None) or []))
@@ -323,7 +323,7 @@ def reference_outputs(model, feeds: dict[str, np.ndarray], names: Sequence[str],
 
 
 def _session_stats(session) -> dict[str, Any]:
-    from backend_wgpu.conformance import _stats_dict  # noqa: PLC0415
+    from onnx_quant.backend_wgpu.conformance import _stats_dict  # noqa: PLC0415
 
     return _stats_dict(session)
 
@@ -331,7 +331,7 @@ def _session_stats(session) -> dict[str, Any]:
 def open_session(model, *, adapter=None, device=None, host_fallback: bool = True, **kw):
     """A Session that may run nodes without a GPU kernel on the host when the installed
     Session supports it (``allow_host_fallback``)."""
-    from backend_wgpu.conformance import make_session  # noqa: PLC0415
+    from onnx_quant.backend_wgpu.conformance import make_session  # noqa: PLC0415
 
     return make_session(model, adapter=adapter, device=device, host_fallback=host_fallback, **kw)
 
@@ -362,7 +362,7 @@ def timed_runs(session, feeds: dict[str, np.ndarray], *, repeat: int = 3,
 
 
 def cmd_run(args) -> int:
-    from backend_wgpu.conformance import host_nodes  # noqa: PLC0415
+    from onnx_quant.backend_wgpu.conformance import host_nodes  # noqa: PLC0415
 
     session = open_session(args.model, adapter=getattr(args, "adapter", None))
     feeds = _load_feeds(session, getattr(args, "input", []), getattr(args, "random", False))
@@ -440,10 +440,10 @@ def bench_dql(
     compilations and buffer allocations during the timed runs (zero: the warm-up prepared all).
     ``kernel_ms`` is the passes alone (one submit, waiting on a 4-byte read back).
     """
-    from backend_wgpu.device import get_device  # noqa: PLC0415
-    from backend_wgpu.executor import prepare  # noqa: PLC0415
-    from backend_wgpu.session import Session  # noqa: PLC0415
-    from backend_wgpu.spec import load_specs  # noqa: PLC0415
+    from onnx_quant.backend_wgpu.device import get_device  # noqa: PLC0415
+    from onnx_quant.backend_wgpu.executor import prepare  # noqa: PLC0415
+    from onnx_quant.backend_wgpu.session import Session  # noqa: PLC0415
+    from onnx_quant.backend_wgpu.spec import load_specs  # noqa: PLC0415
 
     say = log or (lambda s: None)
     device = get_device(adapter)
@@ -591,8 +591,8 @@ def cmd_bench(args) -> int:
 def cmd_conformance(args) -> int:
     """ONNX's node cases for the quantization family on the GPU: one row per case, totals;
     exit 1 if any case does not pass (a case with a node run on the host does not)."""
-    from backend_wgpu.conformance import format_table, run_conformance, status, totals  # noqa: PLC0415
-    from backend_wgpu.device import get_device  # noqa: PLC0415
+    from onnx_quant.backend_wgpu.conformance import format_table, run_conformance, status, totals  # noqa: PLC0415
+    from onnx_quant.backend_wgpu.device import get_device  # noqa: PLC0415
 
     ops = getattr(args, "ops", None)
     ops = [o for o in re.split(r"[,\s]+", ops) if o] if ops else None
@@ -618,6 +618,6 @@ def cmd_conformance(args) -> int:
 def cmd_demo(args) -> int:
     """Build a small quantized CNN, infer it, run it on the GPU and compare with the CPU
     reference (``backend_wgpu/demo.py``); exit 0 when they agree."""
-    from backend_wgpu.demo import run_demo  # noqa: PLC0415
+    from onnx_quant.backend_wgpu.demo import run_demo  # noqa: PLC0415
 
     return run_demo(adapter=getattr(args, "adapter", None), log=lambda s: print(s, flush=True))

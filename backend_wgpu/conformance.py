@@ -235,7 +235,7 @@ def _first_line(e: BaseException) -> str:
 
 def session_accepts(name: str) -> bool:
     """Whether ``Session`` takes a keyword argument (the graph executor adds some)."""
-    from backend_wgpu.session import Session  # noqa: PLC0415
+    from onnx_quant.backend_wgpu.session import Session  # noqa: PLC0415
 
     try:
         return name in inspect.signature(Session.__init__).parameters
@@ -246,7 +246,7 @@ def session_accepts(name: str) -> bool:
 def make_session(model: Any, *, device: Any = None, adapter: Any = None, host_fallback: bool = True, **kw: Any):
     """A Session; ``host_fallback`` is passed as ``allow_host_fallback`` when the installed
     Session has the option (the HostFallbackWarning is silenced: callers list host nodes)."""
-    from backend_wgpu.session import Session  # noqa: PLC0415
+    from onnx_quant.backend_wgpu.session import Session  # noqa: PLC0415
 
     if session_accepts("allow_host_fallback"):
         kw["allow_host_fallback"] = bool(host_fallback)
@@ -408,7 +408,7 @@ def run_conformance(ops: Iterable[str] | None = None, *, adapter: Any = None, de
     "onnxruntime"); ``progress(i, n, row)`` is called after each case."""
     cases = family_cases(ops)
     if engine == "gpu" and device is None:
-        from backend_wgpu.device import get_device  # noqa: PLC0415
+        from onnx_quant.backend_wgpu.device import get_device  # noqa: PLC0415
 
         device = get_device(adapter)
     rows = []

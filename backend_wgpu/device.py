@@ -32,7 +32,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS, DeviceInfo
+from onnx_quant.backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS, DeviceInfo
 from onnx_quant.errors import DeviceError
 
 #: features kernels may use, requested when the adapter has them (real wgpu names)
@@ -173,7 +173,7 @@ class GpuDevice:
         limits: str | Mapping[str, int] | None = None,
         features: Iterable[str] | None = None,
     ) -> None:
-        from backend_wgpu.pipelines import PipelineCache  # noqa: PLC0415
+        from onnx_quant.backend_wgpu.pipelines import PipelineCache  # noqa: PLC0415
 
         wgpu = _wgpu()
         self.adapter_entry = select_adapter(adapter)

@@ -28,10 +28,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from backend_wgpu.packing import etype as _etype, pack_array, packed_nbytes, unpack_array  # noqa: F401 (re-exported)
-from backend_wgpu.pipelines import layout_key
-from backend_wgpu.plan import BufferPlan, KernelPlan
-from backend_wgpu.render import render
+from onnx_quant.backend_wgpu.packing import etype as _etype, pack_array, packed_nbytes, unpack_array  # noqa: F401 (re-exported)
+from onnx_quant.backend_wgpu.pipelines import layout_key
+from onnx_quant.backend_wgpu.plan import BufferPlan, KernelPlan
+from onnx_quant.backend_wgpu.render import render
 from onnx_quant.errors import ExecutionError
 
 #: how many prepared plans a device keeps (least recently used ones are released)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Iterable, Mapping
 
-from backend_wgpu.device_info import KNOWN_FEATURES, WEBGPU_DEFAULT_LIMITS
+from onnx_quant.backend_wgpu.device_info import KNOWN_FEATURES, WEBGPU_DEFAULT_LIMITS
 from onnx_quant.errors import ExpressionError
 
 __all__ = [

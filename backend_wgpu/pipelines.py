@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 from onnx_quant.errors import DeviceError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from backend_wgpu.device import GpuDevice
-    from backend_wgpu.plan import BindingPlan
+    from onnx_quant.backend_wgpu.device import GpuDevice
+    from onnx_quant.backend_wgpu.plan import BindingPlan
 
 _BUFFER_TYPES = {"read": "read-only-storage", "read_write": "storage", "uniform": "uniform"}
 

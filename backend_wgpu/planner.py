@@ -16,11 +16,11 @@ import struct as _struct
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS, DeviceInfo
-from backend_wgpu.packing import device_nbytes
-from backend_wgpu.expr import Env, Expr, evaluate_value, type_name
-from backend_wgpu.plan import BindingPlan, BufferPlan, KernelPlan, PassPlan
-from backend_wgpu.spec import (
+from onnx_quant.backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS, DeviceInfo
+from onnx_quant.backend_wgpu.packing import device_nbytes
+from onnx_quant.backend_wgpu.expr import Env, Expr, evaluate_value, type_name
+from onnx_quant.backend_wgpu.plan import BindingPlan, BufferPlan, KernelPlan, PassPlan
+from onnx_quant.backend_wgpu.spec import (
     Derive, KernelSpec, Pass, PassBinding, StructMember, Variant, wgsl_scalar_of, wgsl_type_layout,
 )
 from onnx_quant.dtypes import UnknownElementType, element_type

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 import jinja2
 
-from backend_wgpu.plan import BindingPlan, PassPlan
+from onnx_quant.backend_wgpu.plan import BindingPlan, PassPlan
 from onnx_quant.errors import DeviceError
 
 
@@ -34,7 +34,7 @@ def _fail(message: str) -> None:
 
 def templates_dir() -> Path:
     """The installed ``templates`` package directory."""
-    return Path(str(importlib.resources.files("templates")))
+    return Path(str(importlib.resources.files("onnx_quant.templates")))
 
 
 @functools.lru_cache(maxsize=None)

@@ -42,12 +42,12 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from backend_wgpu.device import GpuDevice, get_device
-from backend_wgpu.executor import (
+from onnx_quant.backend_wgpu.device import GpuDevice, get_device
+from onnx_quant.backend_wgpu.executor import (
     GpuStep, GraphPlan, HostStep, Lifetime, RootValue, Segment, SessionResources, SessionStats,
     assign_buffers, prepare_graph, release_graph, run_graph,
 )
-from backend_wgpu.packing import device_nbytes
+from onnx_quant.backend_wgpu.packing import device_nbytes
 from onnx_quant.dtypes import element_type, type_name
 from onnx_quant.errors import ExecutionError, HostFallbackWarning, QuantError
 from onnx_quant.model_io import load_model
@@ -112,7 +112,7 @@ def _specs():
     """The kernel specs, loaded once per process (they are package data)."""
     global _SPECS
     if _SPECS is None:
-        from backend_wgpu.spec import load_specs  # noqa: PLC0415
+        from onnx_quant.backend_wgpu.spec import load_specs  # noqa: PLC0415
 
         _SPECS = load_specs()
     return _SPECS
@@ -234,7 +234,7 @@ class Session:
         self._tunables = dict(tunables or {})
         self._variants = dict(variants or {})
         try:
-            from inference import infer_values  # noqa: PLC0415
+            from onnx_quant.inference import infer_values  # noqa: PLC0415
 
             self._static_values = infer_values(self.model, None, strict=False)
         except QuantError as e:
@@ -276,7 +276,7 @@ class Session:
         if specs is None:
             return _specs()
         if isinstance(specs, (str, os.PathLike)):
-            from backend_wgpu.spec import load_specs  # noqa: PLC0415
+            from onnx_quant.backend_wgpu.spec import load_specs  # noqa: PLC0415
 
             return load_specs(specs)
         return specs
@@ -672,7 +672,7 @@ class Session:
 
     def _plan_gpu(self, info: _NodeInfo, values: Mapping[str, Any]):
         """(NodePlan, '') or (None, why it runs on the host)."""
-        from backend_wgpu.planner import plan_node  # noqa: PLC0415
+        from onnx_quant.backend_wgpu.planner import plan_node  # noqa: PLC0415
 
         spec, node = info.spec, info.node
         io_shapes: dict[str, tuple[int, ...]] = {}
@@ -705,7 +705,7 @@ class Session:
         return plan, ""
 
     def _build_plan(self, key: tuple, shapes: Mapping[str, tuple[int, ...]]) -> GraphPlan:
-        from inference import infer_values  # noqa: PLC0415
+        from onnx_quant.inference import infer_values  # noqa: PLC0415
 
         try:
             values = infer_values(self.model, {k: list(v) for k, v in shapes.items()}, strict=False)
@@ -1010,7 +1010,7 @@ class Session:
         first failing clause of every variant), tunables, shapes, segment, passes
         [{id, name, dispatch}]. Input dims the model leaves symbolic or unknown are taken
         from ``input_shapes``, else 1."""
-        from backend_wgpu.planner import describe  # noqa: PLC0415
+        from onnx_quant.backend_wgpu.planner import describe  # noqa: PLC0415
 
         gplan = self._plan_for(self._explain_shapes(input_shapes))
         steps = {st.index: st for st in gplan.gpu_steps}

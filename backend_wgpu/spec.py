@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
-from backend_wgpu.expr import (
+from onnx_quant.backend_wgpu.expr import (
     RESERVED_NAMES, Expr, Scope, Value, suggest,
 )
 from onnx_quant.dtypes import BY_NAME as DTYPES_BY_NAME
@@ -970,7 +970,7 @@ class SpecRegistry:
 def templates_dir() -> Path:
     """The installed ``templates`` package folder (falls back to the source tree)."""
     try:
-        return Path(str(importlib.resources.files("templates")))
+        return Path(str(importlib.resources.files("onnx_quant.templates")))
     except (ModuleNotFoundError, TypeError):  # not importable: running from a checkout
         return Path(__file__).resolve().parent.parent / "templates"
 

@@ -14,9 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backend_wgpu.commands import bench_dql, format_bench  # noqa: E402
+from onnx_quant.backend_wgpu.commands import bench_dql, format_bench
 
 
 def main(argv: list[str] | None = None) -> int:

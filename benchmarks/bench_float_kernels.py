@@ -17,12 +17,11 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-from onnx import helper  # noqa: E402
+import numpy as np
+from onnx import helper
 
-from onnx_quant.timing import median_seconds  # noqa: E402
+from onnx_quant.timing import median_seconds
 
 FORCE = {"COARSE_MIN_WORDS": 0, "TILED_MIN_MACS": 0, "SERIAL_MAX_ELEMENTS": 10**9, "SERIAL_MAX_ROW": 10**9,
          "TABLE_MIN_ELEMENTS": 0}
@@ -38,9 +37,9 @@ def node_model(op, inputs, attrs=None, domain="", opset=17):
 
 def plans(dev, model, feeds):
     """(variant id, plan, spec input names) for every variant that applies."""
-    from backend_wgpu.planner import plan_node
-    from backend_wgpu.spec import load_specs
-    from inference import infer_values
+    from onnx_quant.backend_wgpu.planner import plan_node
+    from onnx_quant.backend_wgpu.spec import load_specs
+    from onnx_quant.inference import infer_values
     from onnx_quant.dtypes import type_name
     from onnx_quant.errors import ExecutionError
 
@@ -123,8 +122,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     import onnxruntime as ort
 
-    from backend_wgpu.device import get_device
-    from backend_wgpu.executor import run_plan
+    from onnx_quant.backend_wgpu.device import get_device
+    from onnx_quant.backend_wgpu.executor import run_plan
 
     dev = get_device(args.adapter, limits="max")
     only = [s for s in (args.only or "").split(",") if s]

@@ -41,13 +41,12 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import onnx  # noqa: E402
-import onnxruntime  # noqa: E402
+import onnx
+import onnxruntime
 
-import inference  # noqa: E402
-from onnx_quant import model_zoo  # noqa: E402
+from onnx_quant import inference
+from onnx_quant import model_zoo
 
 #: name -> (family, format, per_channel, builder arguments): realistic widths, small enough
 #: that the 8k-node models stay a few tens of MB

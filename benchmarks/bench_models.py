@@ -40,11 +40,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper
 
-from onnx_quant import model_zoo  # noqa: E402
+from onnx_quant import model_zoo
 
 #: run shapes per family (the calibration shapes are model_zoo.CALIBRATION_DIMS)
 RUN_DIMS = {"cnn": {"N": 1, "H": 32, "W": 32}, "mlp": {"N": 8}, "transformer": {"B": 1, "S": 16}}
@@ -98,7 +97,7 @@ class PhaseTimer:
     def __enter__(self) -> "PhaseTimer":
         import wgpu  # noqa: PLC0415
 
-        from backend_wgpu.device import get_device  # noqa: PLC0415, F401
+        from onnx_quant.backend_wgpu.device import get_device  # noqa: PLC0415, F401
 
         classes = {}
         for mod_name in ("wgpu.backends.wgpu_native",):
@@ -179,7 +178,7 @@ def _ort_session(model):
 
 
 def bench_one(name: str, model, feeds, *, device, repeat: int, timer: PhaseTimer) -> dict[str, Any]:
-    from backend_wgpu.conformance import host_node_count, host_nodes, make_session  # noqa: PLC0415
+    from onnx_quant.backend_wgpu.conformance import host_node_count, host_nodes, make_session  # noqa: PLC0415
 
     row: dict[str, Any] = {"model": name, "nodes": len(model.graph.node),
                            "inputs": {k: list(v.shape) for k, v in feeds.items()}}
@@ -236,7 +235,7 @@ def bench_one(name: str, model, feeds, *, device, repeat: int, timer: PhaseTimer
 
 def run(*, families=("cnn", "mlp", "transformer"), formats=model_zoo.FORMATS, chain: int = 1000,
         repeat: int = 10, adapter=None, log: Callable[[str], None] = _say) -> dict[str, Any]:
-    from backend_wgpu.device import get_device  # noqa: PLC0415
+    from onnx_quant.backend_wgpu.device import get_device  # noqa: PLC0415
 
     device = get_device(adapter)
     rows = []

@@ -27,14 +27,13 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import ml_dtypes  # noqa: E402
-import numpy as np  # noqa: E402
-import onnx  # noqa: E402
-from onnx import helper, numpy_helper  # noqa: E402
+import ml_dtypes
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
 
-from onnx_quant.timing import median_seconds  # noqa: E402
+from onnx_quant.timing import median_seconds
 
 VARIANTS = ("per_tensor", "general", "simple")
 
@@ -109,9 +108,9 @@ def ort_time(model, feeds, repeat):
 
 
 def gpu_rows(dev, op, spec_inputs, feeds, y_type, attrs, expected, repeat):
-    from backend_wgpu.executor import prepare, release_plan, run_plan
-    from backend_wgpu.planner import plan_node
-    from backend_wgpu.spec import load_spec, templates_dir
+    from onnx_quant.backend_wgpu.executor import prepare, release_plan, run_plan
+    from onnx_quant.backend_wgpu.planner import plan_node
+    from onnx_quant.backend_wgpu.spec import load_spec, templates_dir
     from onnx_quant.dtypes import element_type
 
     spec = load_spec(templates_dir() / ("quantize_linear.kernel.json" if op == "QuantizeLinear"
@@ -142,7 +141,7 @@ def gpu_rows(dev, op, spec_inputs, feeds, y_type, attrs, expected, repeat):
 
 
 def run(n_log2=24, repeat=5, adapter=None, only=None, log=None):
-    from backend_wgpu.device import get_device
+    from onnx_quant.backend_wgpu.device import get_device
 
     dev = get_device(adapter)
     rng = np.random.default_rng(0)

@@ -31,11 +31,10 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from onnx import TensorProto, helper  # noqa: E402
+from onnx import TensorProto, helper
 
-from onnx_quant.timing import median_seconds  # noqa: E402
+from onnx_quant.timing import median_seconds
 
 QLMM_INPUTS = ["a", "a_scale", "a_zero_point", "b", "b_scale", "b_zero_point", "y_scale", "y_zero_point"]
 QLC_INPUTS = ["x", "x_scale", "x_zero_point", "w", "w_scale", "w_zero_point", "y_scale", "y_zero_point"]
@@ -131,8 +130,8 @@ def conv_case(rng) -> dict[str, Any]:
 
 
 def bench_case(case: dict, device, variants: list[str], repeat: int, tune: bool, say) -> list[dict]:
-    from backend_wgpu.executor import prepare  # noqa: PLC0415
-    from backend_wgpu.session import Session  # noqa: PLC0415
+    from onnx_quant.backend_wgpu.executor import prepare  # noqa: PLC0415
+    from onnx_quant.backend_wgpu.session import Session  # noqa: PLC0415
 
     rows: list[dict] = []
     feeds, ops = case["feeds"], case["ops"]
@@ -227,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tune", action="store_true", help="also time the GEMM for a few tile shapes")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    from backend_wgpu.device import get_device  # noqa: PLC0415
+    from onnx_quant.backend_wgpu.device import get_device  # noqa: PLC0415
 
     device = get_device(args.adapter)
     say = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr, flush=True))

@@ -17,9 +17,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from backend_wgpu.conformance import (  # noqa: E402
+from onnx_quant.backend_wgpu.conformance import (
     DEFAULT_ATOL, DEFAULT_RTOL, FAMILY_OPS, fmt_error, run_conformance, status, totals,
 )
 
@@ -136,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-o", "--output", default=str(ROOT / "docs" / "conformance.md"))
     p.add_argument("--adapter")
     args = p.parse_args(argv)
-    from backend_wgpu.device import get_device  # noqa: PLC0415
+    from onnx_quant.backend_wgpu.device import get_device  # noqa: PLC0415
 
     device = get_device(args.adapter)
 

@@ -11,8 +11,8 @@ import sys
 
 import onnx
 
-from inference.context import TensorInfo
-from inference.engine import InferenceResult, check, infer, write_back
+from onnx_quant.inference.context import TensorInfo
+from onnx_quant.inference.engine import InferenceResult, check, infer, write_back
 from onnx_quant.cli import EXIT_OK, EXIT_PROBLEMS, EXIT_UNUSABLE
 from onnx_quant.dtypes import type_name
 from onnx_quant.examples import example_model

@@ -8,8 +8,8 @@ from typing import Iterator
 import numpy as np
 import onnx
 
-from inference import dims
-from inference.dims import DimLike
+from onnx_quant.inference import dims
+from onnx_quant.inference.dims import DimLike
 
 
 @dataclass(frozen=True)

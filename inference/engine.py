@@ -41,12 +41,12 @@ import numpy as np
 import onnx
 from onnx import defs, helper, numpy_helper
 
-import inference.rules  # noqa: F401  (registers every rule module)
-from inference import dims, registry
-from inference.context import ShapesContext, TensorInfo
-from inference.diagnostics import MODEL_NODE, Diagnostic, one_line
-from inference.dims import DimLike
-from inference.registry import NodeContext, normalize_domain
+import onnx_quant.inference.rules  # noqa: F401  (registers every rule module)
+from onnx_quant.inference import dims, registry
+from onnx_quant.inference.context import ShapesContext, TensorInfo
+from onnx_quant.inference.diagnostics import MODEL_NODE, Diagnostic, one_line
+from onnx_quant.inference.dims import DimLike
+from onnx_quant.inference.registry import NodeContext, normalize_domain
 from onnx_quant.errors import InferenceError
 from onnx_quant.model_io import EXAMPLE_NAME, ModelSource, check_external_location, load_model
 
@@ -664,7 +664,7 @@ class _Pass:
         self._content_ids: dict[int, tuple] = {}  # id(TensorProto) -> (proto, content key id)
         self._data_bytes: dict[int, tuple] = {}  # id(info) -> (info, TensorProto bytes or None)
         self._dispatch_tables: dict[tuple, dict] = {}
-        from inference import functions
+        from onnx_quant.inference import functions
 
         self.functions = functions.index(model)
         self._call_stack: list = []
@@ -941,7 +941,7 @@ class _Pass:
             e = _Entry(_K_CONSTANT, domain, op, opset)
             e.version = registry.schema_version("", "Constant", opset)
         else:
-            from inference import subgraphs
+            from onnx_quant.inference import subgraphs
 
             e = _Entry(_K_UNKNOWN, domain, op, opset)
             schema, required, variadic = _schema_facts(domain, op, opset)
@@ -1049,7 +1049,7 @@ class _Pass:
                 elif schema is not None:
                     source = self._fallback(schema, n)
         elif kind is _K_FUNCTION:
-            from inference import functions
+            from onnx_quant.inference import functions
 
             source = SOURCE_FUNCTION if functions.call(self, g, n, entry.function) else SOURCE_FAILED
         elif kind is _K_UNKNOWN:

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import onnx
 
-from inference.context import TensorInfo
-from inference.registry import NodeContext
+from onnx_quant.inference.context import TensorInfo
+from onnx_quant.inference.registry import NodeContext
 
 _UNKNOWN = TensorInfo()
 #: nested calls deeper than this are refused (a function calling itself through others)
@@ -39,7 +39,7 @@ def index(model: onnx.ModelProto) -> dict[tuple[str, str, str], onnx.FunctionPro
 
 def call(p, g, n: NodeContext, fn: onnx.FunctionProto) -> bool:
     """Type the outputs of call ``n`` by inferring ``fn``'s body; False if it cannot be expanded."""
-    from inference.engine import _Graph, _label, _Scope
+    from onnx_quant.inference.engine import _Graph, _label, _Scope
 
     node = n.node
     ident = (fn.domain, fn.name, fn.overload)

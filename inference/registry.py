@@ -16,7 +16,7 @@ from typing import Any, Callable
 import onnx
 from onnx import defs, helper
 
-from inference.context import ShapesContext, TensorInfo
+from onnx_quant.inference.context import ShapesContext, TensorInfo
 from onnx_quant.errors import InferenceError
 
 

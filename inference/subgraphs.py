@@ -31,9 +31,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from inference.context import TensorInfo
-from inference.dims import Dim
-from inference.registry import NodeContext
+from onnx_quant.inference.context import TensorInfo
+from onnx_quant.inference.dims import Dim
+from onnx_quant.inference.registry import NodeContext
 
 INT64, BOOL = TensorProto.INT64, TensorProto.BOOL
 _UNKNOWN = TensorInfo()
@@ -50,7 +50,7 @@ def handles(op: str, since_version: int) -> bool:
 def union(a: TensorInfo, b: TensorInfo, base: str) -> TensorInfo:
     """The type of a value that is either ``a`` or ``b``: equal dims stay, different dims
     become the fresh symbol ``<base>_dim<i>``, unknown stays unknown."""
-    from inference.engine import symbol_for
+    from onnx_quant.inference.engine import symbol_for
 
     elem_type = a.elem_type or b.elem_type
     if a.shape is None or b.shape is None or len(a.shape) != len(b.shape):
@@ -89,7 +89,7 @@ def _missing_body(p, n: NodeContext, name: str) -> bool:
 def _seed(p, n: NodeContext, body: onnx.GraphProto, i: int, outer):
     """Body input ``i``'s type: the outer type merged with the body's declaration (a
     ``TypeProto`` for a sequence/optional/map value, ``None`` to keep the declaration)."""
-    from inference.engine import _info_text, merge_info
+    from onnx_quant.inference.engine import _info_text, merge_info
 
     if isinstance(outer, onnx.TypeProto):
         return outer
@@ -136,7 +136,7 @@ def _set_state(n: NodeContext, i: int, state, outs, j: int) -> None:
 
 
 def _label(n: NodeContext) -> str:
-    from inference.engine import _label as label
+    from onnx_quant.inference.engine import _label as label
 
     return label(n.node, n.index)
 
@@ -269,7 +269,7 @@ def infer_loop(p, g, n: NodeContext) -> bool:
 
 def _trip_count(n: NodeContext, outs) -> object:
     """The number of iterations when the loop cannot stop early, else a fresh symbol."""
-    from inference.engine import symbol_for
+    from onnx_quant.inference.engine import symbol_for
 
     node = n.node
     m = _scalar(n.input(0)) if n.has_input(0) else None

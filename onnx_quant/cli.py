@@ -21,15 +21,15 @@ EXIT_OK, EXIT_PROBLEMS, EXIT_UNUSABLE = 0, 1, 2
 
 # subcommand -> (module, function, help); the function takes the parsed args, returns an exit code
 _COMMANDS: dict[str, tuple[str, str, str]] = {
-    "infer": ("inference.commands", "cmd_infer", "infer dtype and shape of every value"),
-    "check": ("inference.commands", "cmd_check", "validate a model against the opset it claims"),
-    "example": ("inference.commands", "cmd_example", "write the built-in example model"),
-    "devices": ("backend_wgpu.commands", "cmd_devices", "list GPU adapters, features and limits"),
-    "explain": ("backend_wgpu.commands", "cmd_explain", "show the kernel, variant and passes per node"),
-    "run": ("backend_wgpu.commands", "cmd_run", "run a model on the GPU"),
-    "bench": ("backend_wgpu.commands", "cmd_bench", "benchmark kernels against numpy and onnxruntime"),
-    "conformance": ("backend_wgpu.commands", "cmd_conformance", "run ONNX node test cases on the GPU"),
-    "demo": ("backend_wgpu.commands", "cmd_demo", "build, infer and run a small quantized model"),
+    "infer": ("onnx_quant.inference.commands", "cmd_infer", "infer dtype and shape of every value"),
+    "check": ("onnx_quant.inference.commands", "cmd_check", "validate a model against the opset it claims"),
+    "example": ("onnx_quant.inference.commands", "cmd_example", "write the built-in example model"),
+    "devices": ("onnx_quant.backend_wgpu.commands", "cmd_devices", "list GPU adapters, features and limits"),
+    "explain": ("onnx_quant.backend_wgpu.commands", "cmd_explain", "show the kernel, variant and passes per node"),
+    "run": ("onnx_quant.backend_wgpu.commands", "cmd_run", "run a model on the GPU"),
+    "bench": ("onnx_quant.backend_wgpu.commands", "cmd_bench", "benchmark kernels against numpy and onnxruntime"),
+    "conformance": ("onnx_quant.backend_wgpu.commands", "cmd_conformance", "run ONNX node test cases on the GPU"),
+    "demo": ("onnx_quant.backend_wgpu.commands", "cmd_demo", "build, infer and run a small quantized model"),
 }
 
 # subcommand -> function adding its arguments; filled by _arguments below

@@ -61,7 +61,7 @@ def assert_bits(got, expected, what=""):
 def assert_node_cases_every_variant(device, op_types, variants) -> int:
     """ONNX's node cases with a node of ``op_types``, run with each of ``variants`` forced on
     their first node: outputs bit for bit as the case expects. Returns the number of cases."""
-    from backend_wgpu.session import Session
+    from onnx_quant.backend_wgpu.session import Session
     from onnx_quant.node_cases import all_node_cases
 
     cases = [c for c in all_node_cases() if any(n.op_type in op_types for n in c.model.graph.node)]
@@ -91,7 +91,7 @@ def no_gpu(reason: str):
 def gpu_adapters():
     """wgpu's adapters, best first; none (or an error listing them) goes through
     :func:`no_gpu`."""
-    from backend_wgpu.device import list_adapters
+    from onnx_quant.backend_wgpu.device import list_adapters
     from onnx_quant.errors import DeviceError
 
     try:
@@ -111,7 +111,7 @@ def gpu_device(kind: str = "best"):
     where no OpenGL adapter exists: it is an extra, not the adapter CI requires).
     A missing adapter goes through :func:`no_gpu` (fail in CI, skip elsewhere).
     """
-    from backend_wgpu.device import get_device
+    from onnx_quant.backend_wgpu.device import get_device
     from onnx_quant.errors import DeviceError
 
     adapters = gpu_adapters()

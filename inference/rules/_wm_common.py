@@ -24,10 +24,10 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 from onnx import TensorProto, helper
 
-from inference import dims
-from inference.context import TensorInfo
-from inference.dims import Dim, DimLike
-from inference.dims import _Floor, _Max, _Sym  # atoms of the canonical form (for nonneg)
+from onnx_quant.inference import dims
+from onnx_quant.inference.context import TensorInfo
+from onnx_quant.inference.dims import Dim, DimLike
+from onnx_quant.inference.dims import _Floor, _Max, _Sym  # atoms of the canonical form (for nonneg)
 
 #: largest value (in elements) a rule computes and keeps
 MAX_VALUE_ELEMS = 64

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from onnx import TensorProto
 
-from inference.context import ShapesContext, TensorInfo
-from inference.registry import NodeContext, register
-from inference.rules.quant_params import (
+from onnx_quant.inference.context import ShapesContext, TensorInfo
+from onnx_quant.inference.registry import NodeContext, register
+from onnx_quant.inference.rules.quant_params import (
     UNKNOWN,
     attr,
     check_int32_zero_point,

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from inference import dims
-from inference.dims import DimLike
+from onnx_quant.inference import dims
+from onnx_quant.inference.dims import DimLike
 
 Shape = tuple  # tuple[DimLike, ...]
 

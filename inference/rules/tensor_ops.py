@@ -15,11 +15,11 @@ import math
 import numpy as np
 from onnx import TensorProto, numpy_helper
 
-from inference import dims
-from inference.context import TensorInfo
-from inference.dims import DimLike
-from inference.registry import register
-from inference.rules._wm_common import (
+from onnx_quant.inference import dims
+from onnx_quant.inference.context import TensorInfo
+from onnx_quant.inference.dims import DimLike
+from onnx_quant.inference.registry import register
+from onnx_quant.inference.rules._wm_common import (
     BIG, INT64, MAX_VALUE_ELEMS, as_object, broadcast_shapes, check_same_type, dim_min, entries, exact_div, make_value, max0,
     merge_dim, need, nonneg, norm_axes, norm_axis, numeric, product, shape_text, tidy, type_text,
 )

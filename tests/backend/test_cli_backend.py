@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from backend_wgpu.commands import dql_model, numpy_dynamic_quantize_linear
+from onnx_quant.backend_wgpu.commands import dql_model, numpy_dynamic_quantize_linear
 from onnx_quant.cli import main
 
 

@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from backend_wgpu.conformance import (
+from onnx_quant.backend_wgpu.conformance import (
     FAMILY_OPS, case_names, case_op_type, compare_outputs, family_cases, run_case, status,
 )
 from onnx_quant.cli import main
@@ -26,7 +26,7 @@ from onnx_quant.errors import ExecutionError
 def device():
     from conftest import no_gpu
 
-    from backend_wgpu.device import get_device, list_adapters
+    from onnx_quant.backend_wgpu.device import get_device, list_adapters
     from onnx_quant.errors import DeviceError
 
     try:
@@ -138,7 +138,7 @@ def test_conformance_command(device, capsys):
 
 @pytest.fixture
 def dql_path(tmp_path):
-    from backend_wgpu.commands import dql_model
+    from onnx_quant.backend_wgpu.commands import dql_model
 
     path = tmp_path / "dql.onnx"
     onnx.save(dql_model(1), path)
@@ -162,7 +162,7 @@ def test_run_prints_summary_timing_and_steps(device, capsys, dql_path, tmp_path)
 
 def test_run_steps_of_a_dequantized_output(device, capsys, tmp_path):
     """A float output of a per-tensor DequantizeLinear: the difference is also given in steps."""
-    from backend_wgpu.commands import describe_difference
+    from onnx_quant.backend_wgpu.commands import describe_difference
 
     x = helper.make_tensor_value_info("q", TensorProto.UINT8, [4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])

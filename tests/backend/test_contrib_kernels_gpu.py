@@ -419,7 +419,7 @@ def test_onnxruntime_qoperator_model_runs_bit_exact(tmp_path):
     from onnx import numpy_helper
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
-    from backend_wgpu.session import Session
+    from onnx_quant.backend_wgpu.session import Session
     from conftest import gpu_device
 
     r = np.random.default_rng(12)

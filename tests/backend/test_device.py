@@ -8,12 +8,12 @@ import pytest
 from onnx import TensorProto, numpy_helper
 
 from conftest import gpu_adapters
-from backend_wgpu import device as devmod
-from backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS
-from backend_wgpu.executor import pack_array, packed_nbytes, unpack_array
-from backend_wgpu.pipelines import layout_key
-from backend_wgpu.plan import BindingPlan
-from backend_wgpu.render import render_string
+from onnx_quant.backend_wgpu import device as devmod
+from onnx_quant.backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS
+from onnx_quant.backend_wgpu.executor import pack_array, packed_nbytes, unpack_array
+from onnx_quant.backend_wgpu.pipelines import layout_key
+from onnx_quant.backend_wgpu.plan import BindingPlan
+from onnx_quant.backend_wgpu.render import render_string
 from onnx_quant.dtypes import BY_NAME
 from onnx_quant.errors import DeviceError
 

@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from backend_wgpu.commands import dql_model, numpy_dynamic_quantize_linear
-from backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS
+from onnx_quant.backend_wgpu.commands import dql_model, numpy_dynamic_quantize_linear
+from onnx_quant.backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS
 from onnx_quant.errors import ExecutionError
 
 VARIANTS = ("single_invocation", "parallel_subgroup_reduce_vec4", "parallel_subgroup_reduce",
@@ -35,7 +35,7 @@ def dev(request):
 
 
 def _session(dev, rank=1, variant=None, tunables=None):
-    from backend_wgpu.session import Session
+    from onnx_quant.backend_wgpu.session import Session
 
     return Session(dql_model(rank), device=dev, tunables=tunables,
                    variants={"DynamicQuantizeLinear": variant} if variant else None)
@@ -336,7 +336,7 @@ _CASES = _onnx_dql_cases()
 
 @pytest.mark.parametrize("case", _CASES, ids=[c.name for c in _CASES])
 def test_onnx_node_cases(dev, case):
-    from backend_wgpu.session import Session
+    from onnx_quant.backend_wgpu.session import Session
 
     assert len(_CASES) >= 3
     s = Session(case.model, device=dev)
@@ -391,7 +391,7 @@ def test_input_beyond_max_storage_binding(best):
 
 @pytest.mark.usefixtures("best")  # an adapter exists (fail in CI, skip elsewhere)
 def test_input_beyond_a_small_device_limit():
-    from backend_wgpu.device import get_device
+    from onnx_quant.backend_wgpu.device import get_device
 
     small = get_device(None, limits={"maxStorageBufferBindingSize": 65536})
     assert small.info.limits["maxStorageBufferBindingSize"] == 65536

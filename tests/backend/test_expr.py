@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from backend_wgpu.device_info import KNOWN_FEATURES, WEBGPU_DEFAULT_LIMITS
-from backend_wgpu.expr import Env, Expr, Scope, check, evaluate, free_names, parse
+from onnx_quant.backend_wgpu.device_info import KNOWN_FEATURES, WEBGPU_DEFAULT_LIMITS
+from onnx_quant.backend_wgpu.expr import Env, Expr, Scope, check, evaluate, free_names, parse
 from onnx_quant.errors import ExpressionError, QuantError
 
 ENV = Env(

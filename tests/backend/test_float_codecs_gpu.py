@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from onnx import numpy_helper
 
-from backend_wgpu.pipelines import layout_key
-from backend_wgpu.plan import BindingPlan
-from backend_wgpu.render import render_string
+from onnx_quant.backend_wgpu.pipelines import layout_key
+from onnx_quant.backend_wgpu.plan import BindingPlan
+from onnx_quant.backend_wgpu.render import render_string
 
 F8 = {"float8e4m3fn": ml_dtypes.float8_e4m3fn, "float8e4m3fnuz": ml_dtypes.float8_e4m3fnuz,
       "float8e5m2": ml_dtypes.float8_e5m2, "float8e5m2fnuz": ml_dtypes.float8_e5m2fnuz}

@@ -73,7 +73,7 @@ _REGISTRY = []
 
 def registry():
     if not _REGISTRY:
-        from backend_wgpu.spec import load_specs
+        from onnx_quant.backend_wgpu.spec import load_specs
 
         _REGISTRY.append(load_specs())
     return _REGISTRY[0]
@@ -89,8 +89,8 @@ def node_spec(model: onnx.ModelProto):
 
 def plan_for(dev, model: onnx.ModelProto, feeds, *, variant=None, tunables=None):
     """Plan the model's single node: shapes and dtypes from inference, the node's attributes."""
-    from backend_wgpu.planner import plan_node
-    from inference import infer_values
+    from onnx_quant.backend_wgpu.planner import plan_node
+    from onnx_quant.inference import infer_values
 
     node = model.graph.node[0]
     spec = node_spec(model)
@@ -118,7 +118,7 @@ def plan_for(dev, model: onnx.ModelProto, feeds, *, variant=None, tunables=None)
 
 def run_node(dev, model: onnx.ModelProto, feeds, *, variant=None, tunables=None):
     """Outputs (in the spec's output order) and the plan."""
-    from backend_wgpu.executor import run_plan
+    from onnx_quant.backend_wgpu.executor import run_plan
 
     node = model.graph.node[0]
     spec, plan = plan_for(dev, model, feeds, variant=variant, tunables=tunables)
@@ -221,7 +221,7 @@ def fma_f32(a, b, c):
 def _run_helper(dev, body: str, inputs: list[np.ndarray], n_out: int) -> np.ndarray:
     """Run a WGSL body (the numerics, float_exact and qlinear snippets included) with u32
     inputs in0.. and output `out`; one invocation per output word (64 per workgroup)."""
-    from backend_wgpu.render import render_string
+    from onnx_quant.backend_wgpu.render import render_string
 
     n = len(inputs)
     decl = "\n".join(f"@group(0) @binding({i}) var<storage, read> in{i}: array<u32>;" for i in range(n))

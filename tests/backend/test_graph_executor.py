@@ -34,13 +34,13 @@ def dev(best):
 
 @pytest.fixture(scope="module")
 def reg():
-    from backend_wgpu.spec import SpecRegistry, load_spec, templates_dir
+    from onnx_quant.backend_wgpu.spec import SpecRegistry, load_spec, templates_dir
 
     return SpecRegistry(load_spec(templates_dir() / f) for f in KERNEL_FILES)
 
 
 def session(model, dev, reg, **kw):
-    from backend_wgpu.session import Session
+    from onnx_quant.backend_wgpu.session import Session
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", HostFallbackWarning)
@@ -96,7 +96,7 @@ def rand(shape, seed=0, scale=3.0):
 
 
 def test_size_classes():
-    from backend_wgpu.executor import SIZE_CLASS_MIN, size_class
+    from onnx_quant.backend_wgpu.executor import SIZE_CLASS_MIN, size_class
 
     assert size_class(4) == size_class(SIZE_CLASS_MIN) == SIZE_CLASS_MIN
     for n in (257, 300, 1000, 4096, 4097, 123457, 2**20 + 1):
@@ -108,7 +108,7 @@ def test_size_classes():
 
 
 def test_assign_buffers_reuses_only_disjoint_lifetimes():
-    from backend_wgpu.executor import Lifetime, assign_buffers
+    from onnx_quant.backend_wgpu.executor import Lifetime, assign_buffers
 
     chain = [Lifetime("x", 400, 0, 0)] + [Lifetime(f"v{i}", 400, i, i + 1) for i in range(8)]
     slot, sizes = assign_buffers(chain)
@@ -122,7 +122,7 @@ def test_assign_buffers_reuses_only_disjoint_lifetimes():
 @given(st.lists(st.tuples(st.integers(0, 20), st.integers(0, 6), st.sampled_from([4, 300, 1000, 5000])),
                 min_size=1, max_size=40))
 def test_assign_buffers_never_overlaps(items):
-    from backend_wgpu.executor import Lifetime, assign_buffers
+    from onnx_quant.backend_wgpu.executor import Lifetime, assign_buffers
 
     lts = [Lifetime(i, n, s, s + d) for i, (s, d, n) in enumerate(items)]
     slot, sizes = assign_buffers(lts)
@@ -261,7 +261,7 @@ def test_shape_arithmetic_is_folded_per_binding(dev, reg):
     ]
     m = model(nodes, [vi("x", TP.FLOAT, ["N", 3, 4])], [vi("q", TP.UINT8, None), vi("target", TP.INT64, None)],
               [idx, minus1, zero], opset=13)
-    from backend_wgpu.session import Session
+    from onnx_quant.backend_wgpu.session import Session
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", HostFallbackWarning)  # nothing goes to the host
@@ -307,7 +307,7 @@ def _host_sandwich():
 
 
 def test_host_fallback_splits_the_run_into_segments(dev, reg):
-    from backend_wgpu.session import Session
+    from onnx_quant.backend_wgpu.session import Session
 
     m = _host_sandwich()
     with pytest.warns(HostFallbackWarning) as rec:
@@ -332,7 +332,7 @@ def test_host_fallback_splits_the_run_into_segments(dev, reg):
 
 
 def test_allow_host_fallback_false_refuses_listing_the_nodes(dev, reg):
-    from backend_wgpu.session import Session
+    from onnx_quant.backend_wgpu.session import Session
 
     with pytest.raises(ExecutionError) as e:
         Session(_host_sandwich(), device=dev, specs=reg, allow_host_fallback=False)
@@ -352,7 +352,7 @@ def test_a_node_onnx_reference_cannot_run_is_refused(dev, reg):
 def picky_reg(tmp_path):
     """The DQL spec with every variant restricted to at least 64 elements, so that a when clause
     (not a missing spec) sends small inputs to the host."""
-    from backend_wgpu.spec import SpecRegistry, load_spec, templates_dir
+    from onnx_quant.backend_wgpu.spec import SpecRegistry, load_spec, templates_dir
 
     spec = json.loads((templates_dir() / "dynamic_quantize_linear.kernel.json").read_text())
     for v in spec["variants"]:
@@ -364,8 +364,8 @@ def picky_reg(tmp_path):
 
 
 def test_when_clauses_send_a_node_to_the_host_per_binding(dev, picky_reg):
-    from backend_wgpu.commands import dql_model
-    from backend_wgpu.session import Session
+    from onnx_quant.backend_wgpu.commands import dql_model
+    from onnx_quant.backend_wgpu.session import Session
 
     m = dql_model(1)
     s = Session(m, device=dev, specs=picky_reg)  # nothing is known to fall back yet: no warning

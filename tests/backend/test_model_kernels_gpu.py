@@ -75,7 +75,7 @@ def ort_run(model, feeds):
 
 def applicable(dev, model, feeds, tunables=None):
     """Variant ids whose when clauses hold for these feeds (the one node of the model)."""
-    from backend_wgpu.session import Session
+    from onnx_quant.backend_wgpu.session import Session
 
     with Session(model, device=dev, tunables=tunables) as s:
         sel = s.explain({k: v.shape for k, v in feeds.items()})[0]["selection"]
@@ -85,7 +85,7 @@ def applicable(dev, model, feeds, tunables=None):
 def run_variants(dev, model, feeds, tunables=None, expect=None):
     """Every applicable variant, forced; asserts they agree bit for bit; returns the output.
     ``expect``: variant ids that must be among the applicable ones."""
-    from backend_wgpu.session import Session
+    from onnx_quant.backend_wgpu.session import Session
 
     op = model.graph.node[0].op_type
     ids = applicable(dev, model, feeds, tunables)
@@ -266,8 +266,8 @@ QGEMM_DTYPES = {"A": "uint8", "a_scale": "float32", "a_zero_point": "uint8", "B"
 def test_qgemm_refuses_bad_nodes_naming_the_rule(best, change, rule):
     """The spec refuses what onnxruntime's QGemm refuses (CheckInputs, GemmHelper), naming the
     node and the failing rule of every variant."""
-    from backend_wgpu.planner import plan_node
-    from backend_wgpu.spec import load_specs
+    from onnx_quant.backend_wgpu.planner import plan_node
+    from onnx_quant.backend_wgpu.spec import load_specs
 
     spec = load_specs().find("com.microsoft", "QGemm", 1)
     shapes, dtypes = dict(QGEMM_SHAPES), dict(QGEMM_DTYPES)
@@ -414,7 +414,7 @@ def test_qlinear_softmax_saturation_and_absent_y_zero_point(best):
 
 
 def test_qlinear_softmax_empty_input(best):
-    from backend_wgpu.session import Session
+    from onnx_quant.backend_wgpu.session import Session
 
     x = np.zeros((0, 8), np.uint8)
     model = qsm_model(x, f32(0.1), f32(1 / 256), 0, -1, 21)
@@ -426,8 +426,8 @@ def test_qlinear_softmax_empty_input(best):
 def test_qlinear_softmax_refuses_rows_beyond_the_bound(best):
     """Rows are summed in order by one invocation: longer than MAX_ROW_LENGTH is refused (llvmpipe
     ends an invocation after 65535 loop iterations, silently)."""
-    from backend_wgpu.planner import plan_node
-    from backend_wgpu.spec import load_specs
+    from onnx_quant.backend_wgpu.planner import plan_node
+    from onnx_quant.backend_wgpu.spec import load_specs
 
     spec = load_specs().find("com.microsoft", "QLinearSoftmax", 1)
     shapes = {"x": (2, 20000), "x_scale": (), "y_scale": (), "y_zero_point": (), "y": (2, 20000)}
@@ -441,7 +441,7 @@ def test_qlinear_softmax_refuses_rows_beyond_the_bound(best):
 
 
 def test_qlinear_softmax_needs_the_opset_attribute(best):
-    from backend_wgpu.session import Session
+    from onnx_quant.backend_wgpu.session import Session
 
     x = np.zeros((2, 8), np.uint8)
     model = qsm_model(x, f32(0.1), f32(1 / 256), 0, -1, 21)
@@ -484,9 +484,9 @@ _TABLE_BODY = """
 
 
 def run_pairs(dev, body: str, u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    from backend_wgpu.pipelines import layout_key
-    from backend_wgpu.plan import BindingPlan
-    from backend_wgpu.render import render_string
+    from onnx_quant.backend_wgpu.pipelines import layout_key
+    from onnx_quant.backend_wgpu.plan import BindingPlan
+    from onnx_quant.backend_wgpu.render import render_string
 
     binds = (BindingPlan(0, "a", "a", "read", "u32"), BindingPlan(1, "o", "o", "read_write", "u32"))
     words = np.ascontiguousarray(np.stack([u, v], 1), dtype=f32).view(np.uint32).reshape(-1)
@@ -588,7 +588,7 @@ def test_com_microsoft_gelu_matches_onnxruntime(best):
 def test_com_microsoft_gelu_without_declared_shapes_runs_on_the_gpu(dev):
     """The inference rule types com.microsoft Gelu, so a graph that declares nothing after its
     inputs still plans every node on the GPU."""
-    from backend_wgpu.session import Session
+    from onnx_quant.backend_wgpu.session import Session
 
     x = np.random.default_rng(3).normal(0, 2, (N_ROWS, 8)).astype(f32)
     nodes = [helper.make_node("Gelu", ["x"], ["g"], domain="com.microsoft", name="gelu"),
@@ -634,9 +634,9 @@ _SF_KERNEL_BODY = "  o[i] = bitcast<u32>({fn}(u));"
 @pytest.mark.parametrize("fn, ulps", [("oq_erf", 2.5), ("oq_tanh", 1.5)])
 def test_special_function_accuracy_on_a_dense_grid(best, fn, ulps):
     """The documented bounds of snippets/special_functions.wgsl.jinja, on every interval."""
-    from backend_wgpu.pipelines import layout_key
-    from backend_wgpu.plan import BindingPlan
-    from backend_wgpu.render import render_string
+    from onnx_quant.backend_wgpu.pipelines import layout_key
+    from onnx_quant.backend_wgpu.plan import BindingPlan
+    from onnx_quant.backend_wgpu.render import render_string
 
     kernel = _FX_KERNEL.replace('{% include "snippets/fixed_point.wgsl.jinja" %}',
                                 '{% include "snippets/special_functions.wgsl.jinja" %}')
@@ -738,7 +738,7 @@ def _ln_stats_model(x, outs):
 def test_layer_normalization_mean_and_inv_std_dev_on_the_gpu(dev, outs, shape):
     """Mean and InvStdDev are optional outputs of the kernel: each variant writes the ones the
     node asks for (one per row), within a few roundings of a float64 reference and onnxruntime."""
-    from backend_wgpu.session import Session
+    from onnx_quant.backend_wgpu.session import Session
 
     rng = np.random.default_rng(10)
     x = (rng.normal(0, 2, size=shape) + 3).astype(f32)
@@ -778,7 +778,7 @@ def _node_cases(op_types):
 def test_onnx_node_cases(best, op, rtol, atol):
     """ONNX's own node test cases of these ops (float32), every output compared (the
     LayerNormalization cases ask for Mean and InvStdDev too)."""
-    from backend_wgpu.session import Session
+    from onnx_quant.backend_wgpu.session import Session
 
     ran = 0
     for case in _node_cases({op}):

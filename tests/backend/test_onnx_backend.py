@@ -15,12 +15,12 @@ from onnx import numpy_helper
 from onnx import helper
 from onnx.backend.base import Backend
 
-import backend_wgpu
+from onnx_quant import backend_wgpu
 from onnx_quant.errors import ExecutionError, HostFallbackWarning
 
 
 def _gpu_reason() -> str | None:
-    from backend_wgpu.device import select_adapter
+    from onnx_quant.backend_wgpu.device import select_adapter
     from onnx_quant.errors import DeviceError
 
     try:
@@ -48,7 +48,7 @@ def _node_cases(*op_types):
 def test_backend_is_an_onnx_backend_and_reads_device_strings():
     b = backend_wgpu.backend
     assert isinstance(b, type) and issubclass(b, Backend)
-    from backend_wgpu import onnx_backend
+    from onnx_quant.backend_wgpu import onnx_backend
 
     assert b is onnx_backend.WgpuBackend and onnx_backend.supports_device == b.supports_device
     for ok in ("CPU", "cpu", "GPU", "WGPU", "WebGPU", "GPU:0", "GPU:vulkan", "CPU:0"):
@@ -58,7 +58,7 @@ def test_backend_is_an_onnx_backend_and_reads_device_strings():
 
 
 def test_prepare_and_run_in_graph_order(gpu):
-    from backend_wgpu.commands import dql_model, numpy_dynamic_quantize_linear
+    from onnx_quant.backend_wgpu.commands import dql_model, numpy_dynamic_quantize_linear
 
     x = np.linspace(-2, 6, 300, dtype=np.float32)
     rep = backend_wgpu.backend.prepare(dql_model(1), "CPU")
@@ -118,7 +118,7 @@ def test_run_node_on_onnx_node_cases(gpu, op_type):
 def test_run_node_takes_a_dict_and_checks_counts(gpu):
     node = helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])
     x = np.array([0, 1, 2], np.float32)
-    from backend_wgpu.commands import numpy_dynamic_quantize_linear
+    from onnx_quant.backend_wgpu.commands import numpy_dynamic_quantize_linear
 
     out = backend_wgpu.backend.run_node(node, {"x": x}, opset_version=11)
     assert all(np.array_equal(g, e) for g, e in zip(out, numpy_dynamic_quantize_linear(x)))

@@ -23,8 +23,8 @@ import warnings
 
 from onnx.backend.test import BackendTest
 
-import backend_wgpu
-from backend_wgpu.conformance import case_names
+from onnx_quant import backend_wgpu
+from onnx_quant.backend_wgpu.conformance import case_names
 
 backend = backend_wgpu.backend
 

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, strategies as st
 from onnx import numpy_helper
 
-from backend_wgpu.packing import (
+from onnx_quant.backend_wgpu.packing import (
     device_bits, device_nbytes, pack_array, packed_nbytes, per_word, unpack_array,
 )
-from backend_wgpu.planner import packed_byte_size
+from onnx_quant.backend_wgpu.planner import packed_byte_size
 from onnx_quant.dtypes import BY_NAME
 from onnx_quant.errors import ExecutionError
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
-from backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS, DeviceInfo
-from backend_wgpu.plan import KernelPlan
-from backend_wgpu.planner import (
+from onnx_quant.backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS, DeviceInfo
+from onnx_quant.backend_wgpu.plan import KernelPlan
+from onnx_quant.backend_wgpu.planner import (
     default_element_type, describe, pack_uniform, packed_byte_size, plan_node, uniform_layout,
 )
-from backend_wgpu.spec import StructMember, load_spec
+from onnx_quant.backend_wgpu.spec import StructMember, load_spec
 from onnx_quant.errors import ExecutionError, ExpressionError, SpecError
 
 REPO = Path(__file__).resolve().parents[2]

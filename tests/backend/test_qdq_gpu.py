@@ -90,7 +90,7 @@ IO_NAMES = {"QuantizeLinear": ("x", "y_scale", "y_zero_point"), "DequantizeLinea
 
 @lru_cache(maxsize=None)
 def spec_of(op: str):
-    from backend_wgpu.spec import load_spec, templates_dir
+    from onnx_quant.backend_wgpu.spec import load_spec, templates_dir
 
     return load_spec(templates_dir() / SPEC_FILES[op])
 
@@ -101,7 +101,7 @@ def node_attributes(model) -> dict:
 
 def plan_for(dev, model, feeds, variant=None, tunables=None):
     """The node's plan from this kernel's own spec (isolated from other specs in templates/)."""
-    from backend_wgpu.planner import plan_node
+    from onnx_quant.backend_wgpu.planner import plan_node
 
     op = model.graph.node[0].op_type
     names = IO_NAMES[op]
@@ -124,7 +124,7 @@ def _type_name(key) -> str:
 
 def run_gpu(dev, model, feeds, variant=None, tunables=None):
     """y on the GPU: plan from the spec, run with the executor."""
-    from backend_wgpu.executor import release_plan, run_plan
+    from onnx_quant.backend_wgpu.executor import release_plan, run_plan
 
     plan = plan_for(dev, model, feeds, variant, tunables)
     names = IO_NAMES[model.graph.node[0].op_type]
@@ -136,7 +136,7 @@ def run_gpu(dev, model, feeds, variant=None, tunables=None):
 
 
 def run_session(dev, model, feeds, variant=None):
-    from backend_wgpu.session import Session
+    from onnx_quant.backend_wgpu.session import Session
 
     variants = {model.graph.node[0].op_type: variant} if variant else None
     return Session(model, device=dev, variants=variants).run(None, feeds)[0]
@@ -512,7 +512,7 @@ def test_every_variant_on_every_device_agrees(kind, op, x_type, y_type, gran):
 def test_two_dimensional_grid_and_small_workgroups(best):
     """A device allowing 8 workgroups per dimension forces the 2-D grid (rows of 8 groups; the
     spare groups of the last row write nothing)."""
-    from backend_wgpu.device import get_device
+    from onnx_quant.backend_wgpu.device import get_device
 
     small = get_device(None, limits={"maxComputeWorkgroupsPerDimension": 8})
     model, feeds, expected = check_case(best, "QuantizeLinear", 28, "float32", "float32", "uint8", (3001,), "tensor")
@@ -534,7 +534,7 @@ def test_shader_f16_and_manual_f16_decoding_agree(best):
     model, feeds, expected = check_case(best, "QuantizeLinear", 21, "float16", "float16", "int16", (4, 33), "axis")
     plan_f16 = plan_for(best, model, feeds)
     assert plan_f16.passes[0].context["xF16"] is True
-    assert "enable f16;" in __import__("backend_wgpu.render", fromlist=["render"]).render(plan_f16.passes[0])
+    assert "enable f16;" in __import__("onnx_quant.backend_wgpu.render", fromlist=["render"]).render(plan_f16.passes[0])
     plan_u32 = plan_for(best, model, feeds, tunables={"USE_SHADER_F16": 0})
     assert plan_u32.passes[0].context["xF16"] is False
     assert_same(run_gpu(best, model, feeds, tunables={"USE_SHADER_F16": 0}), expected, "manual f16 decode")

@@ -47,7 +47,7 @@ def conv_model(op, feeds, attrs):
 
 
 def run_gpu(dev, model, feeds, variant=None, tunables=None):
-    from backend_wgpu.session import Session
+    from onnx_quant.backend_wgpu.session import Session
 
     op = model.graph.node[0].op_type
     with Session(model, device=dev, variants={op: variant} if variant else None, tunables=tunables) as s:
@@ -308,7 +308,7 @@ def test_onnx_node_cases(best):
 def test_large_kernel_loops_and_split_grids():
     """A 5x5x2 kernel (more than 32 taps: the blocked variant loops instead of unrolling) on a
     device whose maxComputeWorkgroupsPerDimension is 16, so grids split over x and y."""
-    from backend_wgpu.device import get_device
+    from onnx_quant.backend_wgpu.device import get_device
 
     try:
         small = get_device(None, limits={"maxComputeWorkgroupsPerDimension": 16})
@@ -331,9 +331,9 @@ def test_large_kernel_loops_and_split_grids():
 
 
 def _plan(feeds, attrs, op="QLinearConv", y_shape=None, **kw):
-    from backend_wgpu.device_info import DeviceInfo
-    from backend_wgpu.planner import plan_node
-    from backend_wgpu.spec import load_specs
+    from onnx_quant.backend_wgpu.device_info import DeviceInfo
+    from onnx_quant.backend_wgpu.planner import plan_node
+    from onnx_quant.backend_wgpu.spec import load_specs
 
     spec = load_specs().find("", op, 10)
     shapes = {n: v.shape for n, v in feeds.items()}

@@ -55,7 +55,7 @@ def matmul_integer_model(feeds):
 
 
 def run_gpu(dev, model, feeds, variant=None, tunables=None):
-    from backend_wgpu.session import Session
+    from onnx_quant.backend_wgpu.session import Session
 
     op = model.graph.node[0].op_type
     with Session(model, device=dev, variants={op: variant} if variant else None,
@@ -155,7 +155,7 @@ def reference_outputs(model, feeds):
         warnings.simplefilter("ignore")
         out = ReferenceEvaluator(model).run(None, f)[0]
     # the reference broadcasts [1]-shaped parameters into the result: 1-D x 1-D gives [1], not []
-    from inference.rules.shape_math import matmul_output_shape  # noqa: PLC0415
+    from onnx_quant.inference.rules.shape_math import matmul_output_shape  # noqa: PLC0415
 
     want = tuple(matmul_output_shape(a.shape, (f["b"] if "b" in f else f["B"]).shape))
     return out.reshape(want) if out.size == int(np.prod(want)) else out
@@ -165,7 +165,7 @@ def reference_outputs(model, feeds):
 
 def _harness(dev, body: str, n_in: int, scale_type: str = "float32"):
     """Compile a one-pass test shader: in vec4<u32> per element, out u32 per element."""
-    from backend_wgpu.render import render_string
+    from onnx_quant.backend_wgpu.render import render_string
 
     src = render_string(
         '{% include "snippets/numerics.wgsl.jinja" %}\n{% include "snippets/minifloat.wgsl.jinja" %}\n'
@@ -580,7 +580,7 @@ def test_empty_and_degenerate_shapes(best, a_shape, b_shape):
 def test_grids_split_beyond_the_dispatch_limit():
     """With maxComputeWorkgroupsPerDimension lowered to 16, every pass splits its 1-D sequence
     of workgroups over x and y (spare workgroups return) and results stay exact."""
-    from backend_wgpu.device import get_device
+    from onnx_quant.backend_wgpu.device import get_device
 
     try:
         small = get_device(None, limits={"maxComputeWorkgroupsPerDimension": 16})
@@ -601,9 +601,9 @@ def test_grids_split_beyond_the_dispatch_limit():
 
 
 def _plan(feeds, device_limits=None, variant=None, tunables=None, y_shape=(6, 4)):
-    from backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS, DeviceInfo
-    from backend_wgpu.planner import plan_node
-    from backend_wgpu.spec import load_specs
+    from onnx_quant.backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS, DeviceInfo
+    from onnx_quant.backend_wgpu.planner import plan_node
+    from onnx_quant.backend_wgpu.spec import load_specs
 
     spec = load_specs().find("", "QLinearMatMul", 21)
     shapes = {n: v.shape for n, v in feeds.items()}

@@ -74,7 +74,7 @@ def quantized_model(family: str, fmt: str, per_channel: bool):
 def device():
     from conftest import no_gpu
 
-    from backend_wgpu.device import get_device, list_adapters
+    from onnx_quant.backend_wgpu.device import get_device, list_adapters
     from onnx_quant.errors import DeviceError
 
     try:
@@ -99,7 +99,7 @@ def ort_run(model, feeds, *, optimize: bool = True):
 def compare(model, name: str, got: np.ndarray, exp: np.ndarray, exp_noopt: np.ndarray) -> str:
     """Raise AssertionError beyond the module's tolerances; return a one-line summary.
     ``exp``: onnxruntime with its default optimizations, ``exp_noopt``: with none."""
-    from backend_wgpu.commands import output_step
+    from onnx_quant.backend_wgpu.commands import output_step
 
     for ref in (exp, exp_noopt):
         assert got.dtype == ref.dtype and got.shape == ref.shape, \
@@ -132,7 +132,7 @@ def compare(model, name: str, got: np.ndarray, exp: np.ndarray, exp_noopt: np.nd
 def run_on_gpu(model, device, feeds_list):
     """Outputs per feeds (one Session, so the same plans serve repeated shapes) and the
     op types of nodes that ran on the host (host fallback allowed only to report them)."""
-    from backend_wgpu.conformance import host_nodes, make_session
+    from onnx_quant.backend_wgpu.conformance import host_nodes, make_session
     from onnx_quant.errors import ExecutionError
 
     try:

@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS, DeviceInfo
-from backend_wgpu.plan import BindingPlan, PassPlan
-from backend_wgpu.render import environment, render, render_string, templates_dir
+from onnx_quant.backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS, DeviceInfo
+from onnx_quant.backend_wgpu.plan import BindingPlan, PassPlan
+from onnx_quant.backend_wgpu.render import environment, render, render_string, templates_dir
 from onnx_quant.errors import DeviceError
 
 VARIANTS = ("single_invocation", "parallel_subgroup_reduce_vec4", "parallel_subgroup_reduce",
@@ -20,7 +20,7 @@ VARIANTS = ("single_invocation", "parallel_subgroup_reduce_vec4", "parallel_subg
 
 @pytest.fixture(scope="module")
 def spec():
-    from backend_wgpu.spec import load_specs
+    from onnx_quant.backend_wgpu.spec import load_specs
 
     s = load_specs().find("", "DynamicQuantizeLinear", 21)
     assert s is not None
@@ -28,7 +28,7 @@ def spec():
 
 
 def _plan(spec, variant, features=("subgroup",), n=None, tunables=None):
-    from backend_wgpu.planner import plan_node
+    from onnx_quant.backend_wgpu.planner import plan_node
 
     if n is None:
         n = {"grid_stride_reduce": 262145, "grid_stride_reduce_vec4": 262144}.get(variant, 10000)
@@ -161,7 +161,7 @@ def test_snippets_are_included_not_copied():
 def _devices():
     from conftest import gpu_adapters
 
-    from backend_wgpu.device import get_device
+    from onnx_quant.backend_wgpu.device import get_device
 
     adapters = gpu_adapters()
     devs = [get_device(None, limits="default"), get_device(None, limits="default", features=())]
@@ -172,7 +172,7 @@ def _devices():
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_rendered_passes_compile(spec, variant):
-    from backend_wgpu.pipelines import layout_key
+    from onnx_quant.backend_wgpu.pipelines import layout_key
 
     for dev in _devices():
         plan = _plan(spec, variant, tuple(dev.info.features))

@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from backend_wgpu.commands import dql_model, numpy_dynamic_quantize_linear
+from onnx_quant.backend_wgpu.commands import dql_model, numpy_dynamic_quantize_linear
 from onnx_quant.errors import ExecutionError, ModelLoadError
 
 
@@ -22,7 +22,7 @@ def dev(best):
 
 
 def Session(model, dev, **kw):
-    from backend_wgpu.session import Session as S
+    from onnx_quant.backend_wgpu.session import Session as S
 
     return S(model, device=dev, **kw)
 
@@ -207,7 +207,7 @@ def test_explain(dev):
 
 
 def test_import_backend_wgpu_is_cheap():
-    code = "import sys, backend_wgpu; assert 'wgpu' not in sys.modules; print(backend_wgpu.Session.__name__)"
+    code = "import sys; from onnx_quant import backend_wgpu; assert 'wgpu' not in sys.modules; print(backend_wgpu.Session.__name__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "Session"

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
-from backend_wgpu.expr import Expr
-from backend_wgpu.spec import (
+from onnx_quant.backend_wgpu.expr import Expr
+from onnx_quant.backend_wgpu.spec import (
     KernelSpec, SpecRegistry, load_spec, load_specs, templates_dir, wgsl_type_layout,
 )
 from onnx_quant.errors import SpecError

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, strategies as st
 from onnx import TensorShapeProto
 
-from inference import dims
-from inference.dims import Dim
+from onnx_quant.inference import dims
+from onnx_quant.inference.dims import Dim
 
 SYMBOLS = ("N", "H", "W", "batch_size")
 

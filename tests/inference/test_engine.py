@@ -9,11 +9,11 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import inference
-from inference import dims, engine, registry
-from inference.context import TensorInfo
-from inference.diagnostics import Diagnostic
-from inference.dims import Dim
+from onnx_quant import inference
+from onnx_quant.inference import dims, engine, registry
+from onnx_quant.inference.context import TensorInfo
+from onnx_quant.inference.diagnostics import Diagnostic
+from onnx_quant.inference.dims import Dim
 from onnx_quant.errors import InferenceError
 from onnx_quant.examples import example_model, example_models
 

@@ -13,9 +13,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import inference
-from inference.context import TensorInfo
-from inference.dims import Dim
+from onnx_quant import inference
+from onnx_quant.inference.context import TensorInfo
+from onnx_quant.inference.dims import Dim
 from onnx_quant.cli import main
 from onnx_quant.errors import ModelLoadError, QuantError
 

@@ -25,9 +25,9 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-import inference
-from inference import registry
-from inference.context import TensorInfo
+from onnx_quant import inference
+from onnx_quant.inference import registry
+from onnx_quant.inference.context import TensorInfo
 
 ELEMENTWISE = ("Add Sub Mul Div Pow Relu LeakyRelu Sigmoid Tanh Erf Gelu Clip Where Equal Less Greater Not Cast "
                "CastLike Identity Sqrt Exp Neg Dropout").split()

@@ -15,10 +15,10 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-import inference.rules  # noqa: F401
-from inference import infer_shapes, registry
-from inference.context import ShapesContext, TensorInfo
-from inference.registry import NodeContext
+import onnx_quant.inference.rules  # noqa: F401
+from onnx_quant.inference import infer_shapes, registry
+from onnx_quant.inference.context import ShapesContext, TensorInfo
+from onnx_quant.inference.registry import NodeContext
 
 FAMILY = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul",
           "MatMulInteger", "ConvInteger"}

@@ -16,11 +16,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-import inference.rules  # noqa: F401  (registers the rules)
-from inference import dims, registry
-from inference.context import ShapesContext, TensorInfo
-from inference.registry import NodeContext
-from inference.rules import qlinear, quantization
+import onnx_quant.inference.rules  # noqa: F401  (registers the rules)
+from onnx_quant.inference import dims, registry
+from onnx_quant.inference.context import ShapesContext, TensorInfo
+from onnx_quant.inference.registry import NodeContext
+from onnx_quant.inference.rules import qlinear, quantization
 from onnx_quant import opsets
 
 SYMBOLS = ("N", "H", "W", "C")

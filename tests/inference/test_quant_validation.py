@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
 
-import inference
-from inference import dims, registry
-from inference.context import ShapesContext, TensorInfo
-from inference.diagnostics import MODEL_NODE
-from inference.registry import NodeContext
+from onnx_quant import inference
+from onnx_quant.inference import dims, registry
+from onnx_quant.inference.context import ShapesContext, TensorInfo
+from onnx_quant.inference.diagnostics import MODEL_NODE
+from onnx_quant.inference.registry import NodeContext
 from onnx_quant.dtypes import ELEMENT_TYPES
 from onnx_quant.errors import InferenceError, QuantError
 

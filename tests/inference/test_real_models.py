@@ -15,9 +15,9 @@ import onnxruntime as ort
 import pytest
 from onnx import helper
 
-import inference
-from inference import dims
-from inference.context import TensorInfo
+from onnx_quant import inference
+from onnx_quant.inference import dims
+from onnx_quant.inference.context import TensorInfo
 from onnx_quant import model_zoo
 
 #: (family, format, per_channel) of every model under test

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from inference import dims
-from inference.dims import Dim
-from inference.rules.shape_math import (
+from onnx_quant.inference import dims
+from onnx_quant.inference.dims import Dim
+from onnx_quant.inference.rules.shape_math import (
     ShapeProblem,
     conv_output_shape,
     conv_problems,

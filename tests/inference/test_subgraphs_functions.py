@@ -14,10 +14,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import inference
-from inference import dims
-from inference.context import TensorInfo
-from inference.dims import Dim
+from onnx_quant import inference
+from onnx_quant.inference import dims
+from onnx_quant.inference.context import TensorInfo
+from onnx_quant.inference.dims import Dim
 from onnx_quant.errors import InferenceError
 
 F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL

@@ -16,11 +16,11 @@ import pytest
 from hypothesis import given, strategies as st
 from onnx import TensorProto as T, helper, numpy_helper, shape_inference
 
-import inference
-from inference import dims
-from inference.context import ShapesContext, TensorInfo
-from inference.dims import Dim
-from inference.registry import NodeContext, lookup
+from onnx_quant import inference
+from onnx_quant.inference import dims
+from onnx_quant.inference.context import ShapesContext, TensorInfo
+from onnx_quant.inference.dims import Dim
+from onnx_quant.inference.registry import NodeContext, lookup
 from onnx_quant.errors import InferenceError
 
 OPSET = 21
@@ -876,10 +876,10 @@ def test_rules_never_crash(seed):
 
     from onnx import defs
 
-    from inference import registry
+    from onnx_quant.inference import registry
 
-    modules = {"inference.rules.elementwise", "inference.rules.nn", "inference.rules.tensor_ops",
-               "inference.rules.com_microsoft"}
+    modules = {"onnx_quant.inference.rules.elementwise", "onnx_quant.inference.rules.nn", "onnx_quant.inference.rules.tensor_ops",
+               "onnx_quant.inference.rules.com_microsoft"}
     ours_ = [(dom, op, v, fn) for (dom, op), table in registry._RULES.items() for v, fn in table.items()
              if fn.__module__ in modules]
     kinds = {helper.AttributeProto.INT: "i", helper.AttributeProto.INTS: "l", helper.AttributeProto.FLOAT: "f",
