@@ -354,6 +354,7 @@ class GpuDevice:
         read: Any = None,
         read_size: int | None = None,
         label: str = "run",
+        timestamps: Any = None,
     ) -> bytes | None:
         """Record an ordered list of commands into ONE command encoder and submit once.
 
@@ -363,7 +364,9 @@ class GpuDevice:
         ends the open pass and records a buffer copy there, so a value can be copied out
         (e.g. into the read-back staging buffer) right after the pass that produced it.
         With ``read`` (a MAP_READ staging buffer), map its first ``read_size`` bytes after
-        the submit, return them and unmap.
+        the submit, return them and unmap. With ``timestamps`` (a profiler's
+        ``TimestampQueries``), every dispatch gets its own pass whose beginning and end write
+        timestamps, resolved at the end of the encoder.
         """
         recorded: list[str] = []
         with self.errors("recording commands", pass_id=label):
@@ -374,12 +377,18 @@ class GpuDevice:
                     _, compiled, bind_group, grid, pass_label = cmd
                     if min(grid) <= 0:
                         continue
-                    if cpass is None:
+                    if timestamps is not None:
+                        cpass = encoder.begin_compute_pass(label=pass_label,
+                                                           timestamp_writes=timestamps.writes(len(recorded)))
+                    elif cpass is None:
                         cpass = encoder.begin_compute_pass(label=label)
                     cpass.set_pipeline(compiled.pipeline)
                     cpass.set_bind_group(0, bind_group)
                     cpass.dispatch_workgroups(*grid)
                     recorded.append(pass_label)
+                    if timestamps is not None:
+                        cpass.end()
+                        cpass = None
                 elif cmd[0] == "copy":
                     _, src, src_off, dst, dst_off, size = cmd
                     if cpass is not None:
@@ -391,6 +400,8 @@ class GpuDevice:
                     raise ValueError(f"unknown command {cmd[0]!r}")
             if cpass is not None:
                 cpass.end()
+            if timestamps is not None:
+                timestamps.resolve(encoder, len(recorded))
         shown = ",".join(recorded[:12]) + (f",... ({len(recorded)} dispatches)" if len(recorded) > 12 else "")
         with self.errors("finishing and submitting the command buffer", pass_id=shown or label):
             self.queue.submit([encoder.finish()])

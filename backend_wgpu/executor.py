@@ -28,6 +28,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from onnx_quant.backend_wgpu.device_value import DeviceValue
 from onnx_quant.backend_wgpu.packing import etype as _etype, pack_array, packed_nbytes, unpack_array  # noqa: F401 (re-exported)
 from onnx_quant.backend_wgpu.pipelines import layout_key
 from onnx_quant.backend_wgpu.plan import BufferPlan, KernelPlan
@@ -622,16 +623,23 @@ def run_graph(
     device,
     gplan: GraphPlan,
     res: SessionResources,
-    feeds: Mapping[str, np.ndarray],
+    feeds: Mapping[str, Any],
     host_values: dict[str, Any],
     run_host: Any,
     wanted_roots: frozenset[str],
-) -> dict[str, Any]:
+    *,
+    kept_roots: frozenset[str] = frozenset(),
+    profiler: Any = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Run a prepared plan. ``host_values`` starts with the feeds, initializers, constants and
-    folded values; host nodes' outputs and the values read back are added to it, and it is
-    returned. ``run_host(step, values) -> list of arrays`` runs one host node.
+    folded values; host nodes' outputs and the values read back are added to it. ``run_host(step,
+    values) -> list of arrays`` runs one host node. Returns (``host_values``, the device buffers
+    of ``kept_roots``: GPU-produced roots copied device-to-device into a fresh buffer each, for
+    outputs that stay on the device). A feed may be a ``DeviceValue``: it is copied
+    device-to-device into the plan's buffer in the first segment's encoder (and read back only
+    if a host node reads it). ``profiler``: a ``profiling.Profiler`` that times every node.
 
-    Costs: all feeds the GPU reads are written (``write_buffer``) before the first encoder;
+    Costs: all host feeds the GPU reads are written (``write_buffer``) before the first encoder;
     each segment is ONE encoder and ONE submit, preceded by the uploads of the host values it
     reads; a segment maps the persistent staging buffer once if anything it produces is read
     (by a later host node, or as a requested output), each such value copied into the staging
@@ -656,13 +664,31 @@ def run_graph(
                                  f"found {arr.dtype} {list(arr.shape)}")
         res.upload(gplan.slots[gplan.slot_of[name]], data)
 
-    # every feed a GPU node reads, before the first encoder
+    # every feed a GPU node reads, before the first encoder: host arrays written now, device
+    # values copied at the head of the first segment; a device value a host node reads comes back
+    pending: list[tuple] = []
     for name, r in gplan.roots.items():
-        if r.origin == "feed" and r.on_device:
-            upload_root(name, feeds[name])
+        if r.origin != "feed":
+            continue
+        value = feeds[name]
+        if isinstance(value, DeviceValue):
+            if r.on_device:
+                pending.append(("copy", value.buffer, 0, gplan.slots[gplan.slot_of[name]], 0, max(4, r.nbytes)))
+            if r.on_host:
+                host_values[name] = value.numpy()
+                stats.readbacks += 1
+                stats.bytes_read_back += value.nbytes
+        elif r.on_device:
+            upload_root(name, value)
+    kept: dict[str, Any] = {}
+    if profiler is not None:
+        profiler.begin_run()
     for step in gplan.schedule:
         if isinstance(step, HostStep):
+            t0 = profiler.now_us() if profiler is not None else 0.0
             outs = run_host(step, host_values)
+            if profiler is not None:
+                profiler.host_step(step, t0, profiler.now_us())
             stats.host_nodes_run += 1
             for name, value in zip(step.outputs, outs):
                 if name:
@@ -673,16 +699,26 @@ def run_graph(
             upload_root(name, host_values[name])
         entries = layout.get(seg.index, [])
         offsets = {root: (off, n) for root, off, n in entries}
-        commands: list[tuple] = []
+        groups: list[tuple[GpuStep, list[tuple]]] = []
         for gs in seg.steps:
-            commands.extend(gs.dispatches)
+            cmds = pending + list(gs.dispatches)
+            pending = []
             for root in gs.outputs:
+                src = gplan.slots[gplan.slot_of[root]] if root in offsets or root in kept_roots else None
                 if root in offsets:
                     off, n = offsets[root]
-                    commands.append(("copy", gplan.slots[gplan.slot_of[root]], 0, gplan.staging, off, n))
+                    cmds.append(("copy", src, 0, gplan.staging, off, n))
+                if root in kept_roots:
+                    n = max(4, gplan.roots[root].nbytes)
+                    kept[root] = res.allocate(n, label=f"kept output {root}")
+                    cmds.append(("copy", src, 0, kept[root], 0, n))
+            groups.append((gs, cmds))
         total = sum(n for _, _, n in entries)
-        raw = device.submit(commands, read=gplan.staging if total else None, read_size=total or None,
-                            label=f"segment {seg.index}")
+        read, read_size, label = (gplan.staging if total else None), (total or None), f"segment {seg.index}"
+        if profiler is not None:
+            raw = profiler.run_segment(groups, read=read, read_size=read_size, label=label)
+        else:
+            raw = device.submit([c for _, cmds in groups for c in cmds], read=read, read_size=read_size, label=label)
         stats.submits += 1
         if raw is None:
             continue
@@ -692,4 +728,7 @@ def run_graph(
         for root, off, n in entries:
             r = gplan.roots[root]
             host_values[root] = unpack_array(mv[off:off + n], r.onnx_type, tuple(r.shape or ()))
-    return host_values
+    if profiler is not None:
+        profiler.end_run()
+    return host_values, kept
+

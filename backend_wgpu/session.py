@@ -43,6 +43,7 @@ import onnx
 from onnx import numpy_helper
 
 from onnx_quant.backend_wgpu.device import GpuDevice, get_device
+from onnx_quant.backend_wgpu.device_value import DeviceValue, stand_in
 from onnx_quant.backend_wgpu.executor import (
     GpuStep, GraphPlan, HostStep, Lifetime, RootValue, Segment, SessionResources, SessionStats,
     assign_buffers, prepare_graph, release_graph, run_graph,
@@ -77,17 +78,33 @@ _KERNEL_REJECTS = ("no variant applies", "must have rank", "must have shape", "a
 MAX_PLANS = 16
 
 
-class _NodeArg:
-    """What ``get_inputs()``/``get_outputs()`` return, like onnxruntime's NodeArg."""
+@dataclass(frozen=True)
+class NodeArg:
+    """What ``get_inputs()``/``get_outputs()`` return, as onnxruntime's NodeArg: ``type`` is
+    onnxruntime's string (``"tensor(float)"``), ``shape`` has ints, symbols as strings and None
+    for unknown dims (``[]`` for unknown rank, as onnxruntime)."""
 
-    def __init__(self, name: str, elem_type: int, shape: list[Any]) -> None:
-        self.name = name
-        self.type = f"tensor({type_name(elem_type)})"
-        self.elem_type = elem_type
-        self.shape = shape
+    name: str
+    type: str
+    shape: list[Any]
+    elem_type: int = 0   # the TensorProto code behind ``type`` (not in onnxruntime's NodeArg)
 
-    def __repr__(self) -> str:
-        return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape})"
+
+def ort_type(code: int) -> str:
+    """onnxruntime's type string of a TensorProto element type."""
+    try:
+        return f"tensor({onnx.TensorProto.DataType.Name(code).lower()})"
+    except ValueError:
+        return f"tensor(<type {code}>)"
+
+
+def _info_shape(info: Any) -> list[Any] | None:
+    """An inferred TensorInfo's shape as NodeArg dims (symbolic dims as their dim_param text)."""
+    if info is None or info.shape is None:
+        return None
+    from onnx_quant.inference import dims  # noqa: PLC0415
+
+    return [d if isinstance(d, int) else (None if d is None else dims.to_text(d)) for d in info.shape]
 
 
 def _value_info_shape(vi: onnx.ValueInfoProto) -> list[Any] | None:
@@ -218,6 +235,7 @@ class Session:
         limits: str | Mapping[str, int] | None = None,
         device: GpuDevice | None = None,
         specs: Any = None,
+        profile: bool = False,
     ) -> None:
         is_path = isinstance(model_or_path, (str, os.PathLike)) and not isinstance(model_or_path, bytes)
         self.model = load_model(model_or_path, load_external_data=is_path) if is_path else load_model(model_or_path)
@@ -268,6 +286,12 @@ class Session:
         self.stats = SessionStats()
         self._resources = SessionResources(self.device, self.stats)
         self._plans: "OrderedDict[tuple, GraphPlan]" = OrderedDict()
+        #: with ``profile=True``: per node device (or host-wall) times of every run, see profiling.py
+        self.profiler = None
+        if profile:
+            from onnx_quant.backend_wgpu.profiling import Profiler  # noqa: PLC0415
+
+            self.profiler = Profiler(self.device)
 
     # -- construction ------------------------------------------------------------------------
 
@@ -524,12 +548,26 @@ class Session:
 
     # -- onnxruntime-like surface ------------------------------------------------------------
 
-    def get_inputs(self) -> list[_NodeArg]:
-        return [_NodeArg(vi.name, vi.type.tensor_type.elem_type, _value_info_shape(vi) or []) for vi in self._inputs]
+    def get_inputs(self) -> list[NodeArg]:
+        return [NodeArg(vi.name, ort_type(vi.type.tensor_type.elem_type), _value_info_shape(vi) or [],
+                        vi.type.tensor_type.elem_type) for vi in self._inputs]
 
-    def get_outputs(self) -> list[_NodeArg]:
-        return [_NodeArg(vi.name, vi.type.tensor_type.elem_type, _value_info_shape(vi) or [])
-                for vi in self.model.graph.output]
+    def get_outputs(self) -> list[NodeArg]:
+        """Declared output types and shapes, completed by inference where the model leaves them
+        out (as onnxruntime reports what its own inference found)."""
+        out = []
+        for vi in self.model.graph.output:
+            info = self._static_values.get(vi.name)
+            code = vi.type.tensor_type.elem_type or (info.elem_type if info is not None else 0)
+            declared, inferred = _value_info_shape(vi), _info_shape(info)
+            if declared is None:
+                shape = inferred or []
+            elif inferred is not None and len(inferred) == len(declared):
+                shape = [d if d is not None else i for d, i in zip(declared, inferred)]
+            else:
+                shape = declared
+            out.append(NodeArg(vi.name, ort_type(code), shape, code))
+        return out
 
     @property
     def input_names(self) -> list[str]:
@@ -568,7 +606,8 @@ class Session:
             if name not in feeds:
                 raise ExecutionError(f"input {name!r} is missing from the feeds")
             value = feeds[name]
-            arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+            arr = self._feed_stand_in(name, value) if isinstance(value, DeviceValue) else \
+                value if isinstance(value, np.ndarray) else np.asarray(value)
             code = vi.type.tensor_type.elem_type
             try:
                 want = element_type(code)
@@ -592,8 +631,17 @@ class Session:
                             raise ExecutionError(f"input {name!r}: dim {axis} is {d!r} = {n}, but {where} binds "
                                                  f"{d!r} = {seen[0]} (shape {list(arr.shape)})")
                         symbols.setdefault(d, (n, name, axis))
-            arrays[name] = arr
+            arrays[name] = value if isinstance(value, DeviceValue) else arr
         return arrays
+
+    def _feed_stand_in(self, name: str, value: DeviceValue) -> np.ndarray:
+        if value.device is not self.device:
+            raise ExecutionError(f"input {name!r}: the device value lives on {value.device.info.name!r}, this "
+                                 f"session runs on {self.device.info.name!r} (a different device object)")
+        try:
+            return stand_in(value)
+        except ExecutionError as e:
+            raise ExecutionError(f"input {name!r}: {e}") from None
 
     def _plan_for(self, shapes: Mapping[str, tuple[int, ...]]) -> GraphPlan:
         key = tuple(sorted((k, tuple(int(d) for d in v)) for k, v in shapes.items()))
@@ -958,35 +1006,74 @@ class Session:
 
     # -- run ---------------------------------------------------------------------------------
 
-    def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any], run_options: Any = None) -> list[np.ndarray]:
+    def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any], run_options: Any = None, *,
+            device_outputs: Sequence[str] = ()) -> list[Any]:
         """Outputs in the order asked for (all graph outputs when ``output_names`` is None), as
-        numpy arrays in the dtypes ``onnx.numpy_helper.to_array`` uses."""
+        numpy arrays in the dtypes ``onnx.numpy_helper.to_array`` uses; the names in
+        ``device_outputs`` come back as :class:`DeviceValue` (kept on the device, each in a
+        buffer of its own until released). A feed may be a DeviceValue of this session's device."""
         wanted = list(self._outputs) if output_names is None else list(output_names)
         known = set(self._outputs)
         missing = [n for n in wanted if n not in known]
         if missing:
             raise ExecutionError(f"outputs {missing}: not outputs of the model (outputs: {self._outputs})")
+        keep = set(device_outputs or ())
+        if keep - set(wanted):
+            raise ExecutionError(f"device_outputs {sorted(keep - set(wanted))}: not among the outputs asked for "
+                                 f"({wanted})")
         arrays = self._check_feeds(feeds)
-        gplan = self._plan_for({k: tuple(a.shape) for k, a in arrays.items()})
+        gplan = self._plan_for({k: (a.dims if isinstance(a, DeviceValue) else tuple(a.shape)) for k, a in arrays.items()})
         constants = {**self._initializers, **self._constants}
         prepare_graph(self.device, gplan, self._resources, constants)
         host_values: dict[str, Any] = {**constants, **gplan.folded, **arrays}
-        wanted_roots = frozenset(gplan.alias[n][0] for n in wanted)
+        wanted_roots = frozenset(gplan.alias[n][0] for n in wanted if n not in keep)
+        kept_roots = frozenset(r for r in (gplan.alias[n][0] for n in keep) if gplan.roots[r].origin == "gpu")
         self.stats.runs += 1
-        values = run_graph(self.device, gplan, self._resources, arrays, host_values, self._run_host, wanted_roots)
-        result = []
+        values, kept = run_graph(self.device, gplan, self._resources, arrays, host_values, self._run_host,
+                                 wanted_roots, kept_roots=kept_roots, profiler=self.profiler)
+        result: list[Any] = []
+        made: dict[str, DeviceValue] = {}
         for n in wanted:
             root, shape = gplan.alias[n]
+            if n in keep:
+                result.append(self._device_output(gplan, root, shape, kept, made, values))
+                continue
             if root not in values:
                 raise ExecutionError(f"output {n!r} was not produced")
             v = values[root]
-            if isinstance(v, np.ndarray):
+            if isinstance(v, DeviceValue):  # a device feed asked back as a host output
+                v = v.numpy()
+            elif isinstance(v, np.ndarray):
                 if shape is not None and tuple(v.shape) != shape:
                     v = v.reshape(shape)
                 if gplan.roots[root].origin in ("feed", "init", "const", "fold") or root != n or wanted.count(n) > 1:
                     v = np.array(v, copy=True)
             result.append(v)
         return result
+
+    def _device_output(self, gplan: GraphPlan, root: str, shape, kept: dict, made: dict,
+                       values: Mapping[str, Any]) -> DeviceValue:
+        """An output kept on the device: the run's own copy of a GPU-produced root; a device copy
+        of a device value (a feed passed through, or the same root asked for twice); else the
+        host value uploaded."""
+        r = gplan.roots[root]
+        dims = tuple(shape if shape is not None else r.shape or ())
+        buf = kept.pop(root, None)
+        if buf is not None:
+            made[root] = DeviceValue(self.device, buf, r.onnx_type, dims)
+            return made[root]
+        src = made.get(root, values.get(root))
+        if isinstance(src, DeviceValue):
+            n = max(4, r.nbytes)
+            dst = self._resources.allocate(n, label=f"kept output {root}")
+            self.device.launch([], copies=[(src.buffer, 0, dst, 0, n)])
+            self.stats.submits += 1
+            return DeviceValue(self.device, dst, r.onnx_type, dims)
+        if src is None:
+            raise ExecutionError(f"output {root!r} was not produced")
+        out = DeviceValue.from_numpy(np.asarray(src).reshape(dims), self.device, r.onnx_type)
+        self.stats.bytes_uploaded += out.nbytes
+        return out
 
     # -- explain -----------------------------------------------------------------------------
 
@@ -1080,6 +1167,8 @@ class Session:
             release_graph(gplan)
         self._plans.clear()
         self._resources.release()
+        if self.profiler is not None:
+            self.profiler.release()
 
     def __enter__(self) -> "Session":
         return self

@@ -30,6 +30,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "bench": ("onnx_quant.backend_wgpu.commands", "cmd_bench", "benchmark kernels against numpy and onnxruntime"),
     "conformance": ("onnx_quant.backend_wgpu.commands", "cmd_conformance", "run ONNX node test cases on the GPU"),
     "demo": ("onnx_quant.backend_wgpu.commands", "cmd_demo", "build, infer and run a small quantized model"),
+    "profile": ("onnx_quant.backend_wgpu.profiling", "cmd_profile", "per-node device times of a model's runs, Chrome trace"),
 }
 
 # subcommand -> function adding its arguments; filled by _arguments below
@@ -81,6 +82,19 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--random", action="store_true", help="feed random inputs")
     p.add_argument("-o", "--output-dir", help="write outputs as .npy files here")
     p.add_argument("--compare", choices=["onnxruntime", "reference"])
+    p.add_argument("--adapter")
+
+
+@_arguments("profile")
+def _profile_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="path to an .onnx file, or 'example'")
+    p.add_argument("--runs", type=int, default=10, help="profiled runs after one warm-up run")
+    p.add_argument("--trace", metavar="FILE.json", help="write a Chrome-trace / Perfetto JSON file")
+    p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help="feeds (default: random)")
+    p.add_argument("--clock", choices=["auto", "device", "host-wall"], default="auto",
+                   help="device timestamps (timestamp-query) or host wall clock per node")
+    p.add_argument("--top", type=int, help="show only the N slowest nodes")
+    p.add_argument("--json", action="store_true")
     p.add_argument("--adapter")
 
 

@@ -1,0 +1,123 @@
+"""Tensors that stay on the device between runs (onnxruntime's ``OrtValue`` on a GPU).
+
+A run can return an output as a :class:`DeviceValue` instead of a numpy array
+(``Session.run(..., device_outputs=...)`` or the IO binding of ``InferenceSession``); a later run
+of the same session, or of another session on the same :class:`GpuDevice`, takes it as a feed:
+the executor copies it device-to-device into the plan's buffer, so nothing crosses to the host.
+
+Lifetime is explicit: the value owns one device buffer until :meth:`DeviceValue.release` (or
+the ``with`` block ends, or the object is garbage collected); a released value refuses to be
+read or fed. The buffer holds the tensor in the device layout (``packing.pack_array``: sub-32-bit
+elements packed into u32 words), so ``numpy()`` is one read-back and an unpack.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Any
+
+import numpy as np
+from onnx import TensorProto
+
+from onnx_quant.backend_wgpu.packing import device_nbytes, pack_array, unpack_array
+from onnx_quant.dtypes import element_type
+from onnx_quant.errors import ExecutionError
+
+
+def _destroy(buffer) -> None:
+    try:
+        buffer.destroy()
+    except Exception:  # pragma: no cover - best effort at interpreter exit
+        pass
+
+
+class DeviceValue:
+    """One tensor in a device buffer: ``device`` (a GpuDevice), ``onnx_type`` (``"float"``,
+    ``"uint8"``, ...), ``dims`` (a tuple of ints)."""
+
+    def __init__(self, device, buffer, onnx_type: str, dims: tuple[int, ...]) -> None:
+        self.device = device
+        self.onnx_type = onnx_type
+        self.dims = tuple(int(d) for d in dims)
+        self.nbytes = device_nbytes(onnx_type, math.prod(self.dims))
+        self._buffer = buffer
+        self._finalizer = weakref.finalize(self, _destroy, buffer)
+
+    # -- making one ------------------------------------------------------------------------
+
+    @classmethod
+    def from_numpy(cls, array: np.ndarray, device, onnx_type: str | None = None) -> "DeviceValue":
+        """Upload a host array (its ONNX type from its dtype unless given)."""
+        arr = np.ascontiguousarray(array)
+        onnx_type = onnx_type or element_type(arr.dtype).name
+        data = pack_array(arr, onnx_type)
+        buf = device.allocate(len(memoryview(data).cast("B")), label=f"device value {onnx_type}{list(arr.shape)}")
+        device.upload(buf, data)
+        return cls(device, buf, onnx_type, arr.shape)
+
+    # -- onnxruntime's OrtValue surface ----------------------------------------------------
+
+    @property
+    def buffer(self):
+        if self._buffer is None:
+            raise ExecutionError(f"device value {self.onnx_type}{list(self.dims)}: already released")
+        return self._buffer
+
+    @property
+    def released(self) -> bool:
+        return self._buffer is None
+
+    @property
+    def dtype(self) -> np.dtype:
+        return element_type(self.onnx_type).dtype
+
+    def shape(self) -> list[int]:
+        return list(self.dims)
+
+    def data_type(self) -> str:
+        """onnxruntime's type string (``"tensor(float)"``)."""
+        return f"tensor({TensorProto.DataType.Name(element_type(self.onnx_type).code).lower()})"
+
+    def element_type(self) -> type:
+        return self.dtype.type
+
+    def device_name(self) -> str:
+        return "webgpu"
+
+    def is_tensor(self) -> bool:
+        return True
+
+    def has_value(self) -> bool:
+        return not self.released
+
+    def tensor_size_in_bytes(self) -> int:
+        return self.nbytes
+
+    def numpy(self) -> np.ndarray:
+        """Read the tensor back to the host (one staging buffer, one wait)."""
+        raw = self.device.download(self.buffer, max(4, (self.nbytes + 3) // 4 * 4))
+        return unpack_array(memoryview(raw), self.onnx_type, self.dims)
+
+    def release(self) -> None:
+        """Free the device buffer now (idempotent)."""
+        if self._buffer is not None:
+            self._finalizer()
+            self._buffer = None
+
+    def __enter__(self) -> "DeviceValue":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = "released" if self.released else self.device.info.name
+        return f"DeviceValue({self.data_type()}, shape={list(self.dims)}, {state})"
+
+
+def stand_in(value: DeviceValue) -> np.ndarray:
+    """A zero-stride array with the value's dtype and shape (no memory), for the checks a feed
+    goes through; refuses a released value."""
+    value.buffer  # noqa: B018 - raises when released
+    return np.lib.stride_tricks.as_strided(np.zeros(1, value.dtype), shape=value.dims, strides=(0,) * len(value.dims))
