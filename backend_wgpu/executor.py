@@ -363,8 +363,9 @@ class SessionStats:
     """What a Session did on the device (and the host), for tests, ``bench`` and ``run``.
 
     A second ``run`` with the same input shapes moves only ``runs``, ``submits``,
-    ``readbacks``, ``bytes_uploaded``, ``bytes_read_back`` and ``host_nodes_run``: it
-    compiles no pipeline, allocates no buffer and creates no bind group.
+    ``dispatches``, ``readbacks``, ``bytes_uploaded``, ``bytes_read_back`` and
+    ``host_nodes_run``: it compiles no pipeline, allocates no buffer and creates no bind group
+    (outputs kept on the device are the exception: each gets a buffer of its own).
     """
 
     runs: int = 0
@@ -374,6 +375,7 @@ class SessionStats:
     bytes_allocated: int = 0
     bind_groups_created: int = 0
     submits: int = 0
+    dispatches: int = 0            # compute dispatches recorded (the kernels' passes that ran)
     readbacks: int = 0             # staging buffer maps (waits)
     bytes_uploaded: int = 0
     bytes_read_back: int = 0
@@ -713,6 +715,7 @@ def run_graph(
                     kept[root] = res.allocate(n, label=f"kept output {root}")
                     cmds.append(("copy", src, 0, kept[root], 0, n))
             groups.append((gs, cmds))
+        stats.dispatches += sum(1 for _, cmds in groups for c in cmds if c[0] == "dispatch" and min(c[3]) > 0)
         total = sum(n for _, _, n in entries)
         read, read_size, label = (gplan.staging if total else None), (total or None), f"segment {seg.index}"
         if profiler is not None:

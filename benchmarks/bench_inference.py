@@ -226,6 +226,20 @@ def machine() -> str:
             f"onnx {onnx.__version__}, onnxruntime {onnxruntime.__version__}")
 
 
+def plot(rows: list[dict], path: str, order: str) -> str:
+    """Time per node count, one line per (model, tool)."""
+    import plots  # benchmarks/plots.py, beside this script
+
+    series = {}
+    for name in dict.fromkeys(r["model"] for r in rows):
+        mine = [r for r in rows if r["model"] == name]
+        for tool, label in (("ours", "onnx-quant"), ("onnx", "onnx C++"), ("ort", "onnxruntime symbolic")):
+            series[f"{name}: {label}"] = ([r["nodes"] for r in mine],
+                                          [None if r[f"{tool}_s"] is None else r[f"{tool}_s"] * 1e3 for r in mine])
+    return plots.lines(path, f"Shape inference time per model size ({order} order)", series, "nodes",
+                       "ms (log)", logx=True, logy=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="1000,2000,4000,8000", help="comma-separated node counts")
@@ -236,6 +250,7 @@ def main(argv=None) -> int:
     p.add_argument("--order", choices=("series", "rounds"), default="series",
                    help="each tool's runs back to back (default) or one run of each per round")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="also plot time per node count (needs the bench extra)")
     args = p.parse_args(argv)
     global clock
     clock = CLOCKS[args.clock]
@@ -257,6 +272,8 @@ def main(argv=None) -> int:
             rows.append(row)
             if not args.json:
                 print(f"  measured {name} at {row['nodes']} nodes", file=sys.stderr)
+    if args.plot:
+        print(f"  wrote {plot(rows, args.plot, args.order)}", file=sys.stderr)
     if args.json:
         print(json.dumps({"date": datetime.date.today().isoformat(), "machine": machine(), "clock": args.clock,
                           "order": args.order,

@@ -177,6 +177,43 @@ def _ort_session(model):
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
+def ort_optimized_nodes(model) -> int:
+    """Nodes onnxruntime's CPU provider runs after all its graph optimizations (its saved
+    optimized model): the count a GPU run's dispatches are held against."""
+    import tempfile  # noqa: PLC0415
+
+    import onnx  # noqa: PLC0415
+    import onnxruntime as ort  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory(prefix="onnx-quant-ort-opt-") as tmp:
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.optimized_model_filepath = f"{tmp}/optimized.onnx"
+        ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        return len(onnx.load(so.optimized_model_filepath).graph.node)
+
+
+def write_plots(result: dict[str, Any], directory: str) -> list[str]:
+    """Latency per model (GPU and onnxruntime CPU) and dispatches per model (beside the nodes
+    onnxruntime runs after its optimizations), as PNGs in ``directory``."""
+    import plots  # noqa: PLC0415 - benchmarks/plots.py, beside this script
+
+    rows = [r for r in result["rows"] if not r["model"].startswith("chain")]
+    names = [r["model"] for r in rows]
+    where = result["device"].split(" (")[0]
+    return [
+        plots.grouped_bars(f"{directory}/models_latency.png", f"Steady-state latency per run ({where})", names,
+                           {"onnx-quant GPU": [r.get("gpu_ms") for r in rows],
+                            "onnxruntime CPU": [r.get("ort_ms") for r in rows]}, "ms per run (log)", log=True),
+        plots.grouped_bars(f"{directory}/models_dispatches.png", "GPU dispatches per run", names,
+                           {"dispatches per run": [r.get("dispatches_per_run") for r in rows],
+                            "model nodes": [r.get("nodes") for r in rows],
+                            "onnxruntime nodes after its optimizations": [r.get("ort_nodes_optimized") for r in rows]},
+                           "count"),
+    ]
+
+
 def bench_one(name: str, model, feeds, *, device, repeat: int, timer: PhaseTimer) -> dict[str, Any]:
     from onnx_quant.backend_wgpu.conformance import host_node_count, host_nodes, make_session  # noqa: PLC0415
 
@@ -184,6 +221,7 @@ def bench_one(name: str, model, feeds, *, device, repeat: int, timer: PhaseTimer
                            "inputs": {k: list(v.shape) for k, v in feeds.items()}}
     try:
         ort_sess = _ort_session(model)
+        row["ort_nodes_optimized"] = ort_optimized_nodes(model)
         ort_sess.run(None, feeds)
         row["ort_ms"] = statistics.median(_times(lambda: ort_sess.run(None, feeds), repeat)) * 1e3
         expected = ort_sess.run(None, feeds)
@@ -199,6 +237,7 @@ def bench_one(name: str, model, feeds, *, device, repeat: int, timer: PhaseTimer
             got = session.run(None, feeds)
             row["first_run_ms"] = (time.perf_counter() - t0) * 1e3
             submits0 = device.stats.submits
+            dispatches0 = session.stats.dispatches
             comp0 = device.pipelines.compilations
             timer.reset()
             timer.active = True
@@ -208,6 +247,7 @@ def bench_one(name: str, model, feeds, *, device, repeat: int, timer: PhaseTimer
             row["gpu_ms"] = statistics.median(times) * 1e3
             row["runs"] = n
             row["submits_per_run"] = (device.stats.submits - submits0) / n
+            row["dispatches_per_run"] = (session.stats.dispatches - dispatches0) / n
             row["compilations_after_warmup"] = device.pipelines.compilations - comp0
             # where the time goes, as means over the same runs (host = the rest of a run)
             split = {k: v / n * 1e3 for k, v in timer.totals.items()}
@@ -282,19 +322,22 @@ def _host_ops(nodes: list[str]) -> str:
 def format_markdown(result: dict[str, Any]) -> str:
     lines = [f"Device: {result['device']}; median of {result['repeat']} runs after a warm-up "
              "(the split of a run: means over the same runs).", "",
-             "| model | nodes | GPU ms | onnxruntime ms | GPU / ort | submits per run | host % | upload % | submit % "
+             "| model | nodes | ort nodes (optimized) | dispatches per run | GPU ms | onnxruntime ms | GPU / ort "
+             "| submits per run | host % | upload % | submit % "
              "| wait + read-back % | nodes on the host | max \\|diff\\| vs ort |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for r in result["rows"]:
         if "gpu_ms" not in r:
-            lines.append(f"| {r['model']} | {r['nodes']} | — | {_f(r.get('ort_ms'), '.3f')} | | | | | | | "
+            lines.append(f"| {r['model']} | {r['nodes']} | {r.get('ort_nodes_optimized', '')} | | — "
+                         f"| {_f(r.get('ort_ms'), '.3f')} | | | | | | | "
                          f"{_short_error(r.get('gpu_error', ''))} | |")
             continue
         s = r["split_ms"]
         total = sum(s.values()) or 1.0
         pct = {k: 100.0 * v / total for k, v in s.items()}
         lines.append(
-            f"| {r['model']} | {r['nodes']} | {_f(r['gpu_ms'])} | {_f(r.get('ort_ms'), '.3f')} | {_f(r.get('ratio'), '.0f')} "
+            f"| {r['model']} | {r['nodes']} | {r.get('ort_nodes_optimized', '')} | {_f(r.get('dispatches_per_run'), '.0f')} "
+            f"| {_f(r['gpu_ms'])} | {_f(r.get('ort_ms'), '.3f')} | {_f(r.get('ratio'), '.0f')} "
             f"| {_f(r['submits_per_run'], '.0f')} | {pct['host']:.0f} | {pct['upload']:.0f} | {pct['submit']:.0f} "
             f"| {pct['wait+read']:.0f} | {_host_ops(r['host_nodes'])} | {_f(r.get('max_abs_diff_vs_ort'), '.3g')} |")
     for r in result["rows"]:
@@ -316,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--json", action="store_true")
     g.add_argument("--markdown", action="store_true")
+    p.add_argument("--plots", metavar="DIR", help="also write PNG plots there (needs the bench extra)")
     args = p.parse_args(argv)
     result = run(families=[f for f in args.families.split(",") if f],
                  formats=[f for f in args.formats.split(",") if f],
@@ -324,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result, indent=2, default=str))
     else:
         print(format_markdown(result))
+    if args.plots:
+        for path in write_plots(result, args.plots):
+            _say(f"wrote {path}")
     return 0
 
 
