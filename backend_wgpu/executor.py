@@ -295,8 +295,9 @@ class RootValue:
     """A tensor the run produces or receives. ``origin``: ``feed`` (a graph input, uploaded
     at the start of every run), ``init`` (an initializer) or ``const`` (a Constant node's
     value; both uploaded once per session), ``fold`` (a value shape inference computed for
-    this binding, e.g. a Shape; uploaded once per plan), ``gpu`` (a GPU node's output) or
-    ``host`` (a host node's output)."""
+    this binding, e.g. a Shape; uploaded once per plan), ``gpu`` (a GPU node's output),
+    ``once`` (the output of a GPU node whose inputs are all constants: computed once per plan
+    into a buffer of its own) or ``host`` (a host node's output)."""
 
     name: str
     onnx_type: str | None
@@ -376,6 +377,7 @@ class SessionStats:
     bind_groups_created: int = 0
     submits: int = 0
     dispatches: int = 0            # compute dispatches recorded (the kernels' passes that ran)
+    prologue_dispatches: int = 0   # dispatches of constants-only nodes, once per plan (not per run)
     readbacks: int = 0             # staging buffer maps (waits)
     bytes_uploaded: int = 0
     bytes_read_back: int = 0
@@ -418,10 +420,14 @@ class GraphPlan:
     staging_size: int = 0
     #: requested outputs -> per segment index: [(root, offset, nbytes)], total per segment
     readback_layouts: dict[tuple, dict[int, list[tuple[str, int, int]]]] | None = None
+    #: GPU nodes of constants only (``once`` roots), run once when the plan is prepared
+    prologue: list[GpuStep] = None  # type: ignore[assignment]
+    once_buffers: dict[str, Any] | None = None
 
     @property
     def gpu_steps(self) -> list[GpuStep]:
-        return [s for seg in self.schedule if isinstance(seg, Segment) for s in seg.steps]
+        """Every GPU node of the plan: the prologue's, then the segments' in run order."""
+        return list(self.prologue or ()) + [s for seg in self.schedule if isinstance(seg, Segment) for s in seg.steps]
 
     @property
     def segments(self) -> list[Segment]:
@@ -509,6 +515,7 @@ def prepare_graph(device, gplan: GraphPlan, res: SessionResources, constants: Ma
             slots.append(res.allocate(size, label=f"pool {i}"))
             created.append(slots[-1])
         fold_buffers: dict[str, Any] = {}
+        once_buffers: dict[str, Any] = {}
         for name, arr in gplan.folded.items():
             r = gplan.roots[name]
             if not r.on_device:
@@ -536,6 +543,11 @@ def prepare_graph(device, gplan: GraphPlan, res: SessionResources, constants: Ma
                     return res.constant_buffer(root.name, constants[root.name], root.onnx_type), 0
                 if root.origin == "fold":
                     return fold_buffers[root.name], 0
+                if root.origin == "once":
+                    if root.name not in once_buffers:
+                        once_buffers[root.name] = res.allocate(max(4, root.nbytes), label=f"constant {root.name}")
+                        created.append(once_buffers[root.name])
+                    return once_buffers[root.name], 0
                 return slots[gplan.slot_of[root.name]], 0
             if kind == "scratch":
                 return slots[gplan.slot_of[where[1]]], 0
@@ -572,10 +584,15 @@ def prepare_graph(device, gplan: GraphPlan, res: SessionResources, constants: Ma
                 stats.bind_groups_created += 1
                 step.dispatches.append(("dispatch", compiled, bg, tuple(int(d) for d in p.dispatch),
                                         f"{step.label}/{p.id}"))
+        if gplan.prologue:  # constants computed on the device, once per plan
+            device.submit([c for st in gplan.prologue for c in st.dispatches], label="plan constants")
+            stats.submits += 1
+            stats.prologue_dispatches += sum(len(st.dispatches) for st in gplan.prologue)
     except BaseException:
         for buf in created:
             _destroy(buf)
         raise
+    gplan.once_buffers = once_buffers
     gplan.slots = slots
     gplan.uniform = uniform
     gplan.fold_buffers = fold_buffers
@@ -587,10 +604,11 @@ def release_graph(gplan: GraphPlan) -> None:
     """Free a plan's buffers (pooled, folded, uniform, staging); the pipelines stay cached."""
     if not gplan.prepared:
         return
-    for buf in list(gplan.slots or []) + list((gplan.fold_buffers or {}).values()) + [gplan.uniform, gplan.staging]:
+    for buf in (list(gplan.slots or []) + list((gplan.fold_buffers or {}).values())
+                + list((gplan.once_buffers or {}).values()) + [gplan.uniform, gplan.staging]):
         if buf is not None:
             _destroy(buf)
-    gplan.slots = gplan.uniform = gplan.staging = gplan.fold_buffers = None
+    gplan.slots = gplan.uniform = gplan.staging = gplan.fold_buffers = gplan.once_buffers = None
     gplan.staging_size = 0
     for step in gplan.gpu_steps:
         step.dispatches = None

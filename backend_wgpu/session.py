@@ -752,6 +752,33 @@ class Session:
             return None, why[len(prefix):] if why.startswith(prefix) else why
         return plan, ""
 
+    def _constant_gpu_nodes(self, live: set[int], kinds: Mapping[int, str], roots: dict[str, RootValue],
+                            alias: Mapping[str, tuple]) -> set[int]:
+        """GPU nodes whose every input is an initializer, a Constant, a folded value or the output
+        of another such node (the DequantizeLinear of a weight, a QLinear kernel's parameter
+        pass over constant scales): they run once per plan, when it is prepared, into buffers of
+        their own, and no run repeats them. Their outputs' roots become ``once``. A node whose
+        output a host node or the caller reads back stays in the run (its value would otherwise
+        have to be read back at preparation)."""
+        read_back = {alias[n][0] for n in self._outputs if n in alias}
+        for info in self._nodes:
+            if info.index in live and kinds[info.index] == "host":
+                read_back |= {alias[n][0] for n in list(info.node.input) + list(info.implicit) if n in alias}
+        once: set[int] = set()
+        constant = {"init", "const", "fold", "once"}
+        for info in self._nodes:
+            if info.index not in live or kinds[info.index] != "gpu" or info.implicit:
+                continue
+            ins = [n for n in info.node.input if n]
+            outs = [o for o in info.node.output if o]
+            if not ins or not outs or any(n not in alias for n in ins):
+                continue
+            if all(roots[alias[n][0]].origin in constant for n in ins) and not read_back & set(outs):
+                once.add(info.index)
+                for o in outs:
+                    roots[o].origin = "once"
+        return once
+
     def _build_plan(self, key: tuple, shapes: Mapping[str, tuple[int, ...]]) -> GraphPlan:
         from onnx_quant.inference import infer_values  # noqa: PLC0415
 
@@ -877,8 +904,11 @@ class Session:
                 raise ExecutionError(f"value {name!r} is read before any node produces it")
             return alias[name][0]
 
+        once = self._constant_gpu_nodes(live, kinds, roots, alias)
+
         # the schedule: segments of GPU nodes, cut where a host node needs what the open one produces
         schedule: list[Any] = []
+        prologue: list[GpuStep] = []   # GPU nodes of constants only: run once per plan
         open_steps: list[GpuStep] = []
         open_produced: set[str] = set()
         pos = 0
@@ -933,8 +963,12 @@ class Session:
                 outs = tuple(o for o in node.output if o)
                 for o in outs:
                     roots[o].producer_pos = pos
-                open_steps.append(GpuStep(info.index, info.label, self._op_name(info), pos, plan, where, outs))
-                open_produced |= set(outs)
+                step = GpuStep(info.index, info.label, self._op_name(info), pos, plan, where, outs)
+                if info.index in once:
+                    prologue.append(step)
+                else:
+                    open_steps.append(step)
+                    open_produced |= set(outs)
                 pos += 1
             elif k == "host":
                 reads = [n for n in dict.fromkeys(list(node.input) + list(info.implicit)) if n]
@@ -980,11 +1014,10 @@ class Session:
             elif r.origin == "gpu":
                 lifetimes.append(Lifetime(name, r.nbytes, r.producer_pos,
                                           max(r.producer_pos, last_use.get(name, r.producer_pos))))
-        for seg in segments:
-            for st in seg.steps:
-                for bname, where in st.buffers.items():
-                    if where[0] == "scratch":
-                        lifetimes.append(Lifetime(where[1], st.plan.buffers[bname].byte_size, st.pos, st.pos))
+        for st in prologue + [st for seg in segments for st in seg.steps]:
+            for bname, where in st.buffers.items():
+                if where[0] == "scratch":
+                    lifetimes.append(Lifetime(where[1], st.plan.buffers[bname].byte_size, st.pos, st.pos))
         cap = int(self.device.info.limits.get("maxBufferSize", 2**62))
         slot_of, slot_sizes = assign_buffers(lifetimes, cap)
 
@@ -997,7 +1030,8 @@ class Session:
             placement[info.index] = (k, why if k != "gpu" else "")
         return GraphPlan(key=key, roots=roots, alias=alias, schedule=schedule, placement=placement,
                          lifetimes=lifetimes, slot_of=slot_of, slot_sizes=slot_sizes,
-                         uniform_regions=uniform_regions, uniform_size=uniform_size, folded=folded)
+                         uniform_regions=uniform_regions, uniform_size=uniform_size, folded=folded,
+                         prologue=prologue)
 
     def plans(self, input_shapes: Mapping[str, Sequence[int]]) -> list[Any]:
         """The (cached) kernel plan of every node that runs on the GPU for these input shapes,
@@ -1094,7 +1128,8 @@ class Session:
         """Per node, in graph order: node, op_type, placement (``gpu``, ``host``, ``view``,
         ``constant``, ``folded``, ``unused``), reason (why not gpu), kernel and variant
         (``"host"``/``"view"``/... for the others), why (derived values, when clauses, the
-        first failing clause of every variant), tunables, shapes, segment, passes
+        first failing clause of every variant), tunables, shapes, segment (None for a GPU node run once per
+        plan: ``once_per_plan``), passes
         [{id, name, dispatch}]. Input dims the model leaves symbolic or unknown are taken
         from ``input_shapes``, else 1."""
         from onnx_quant.backend_wgpu.planner import describe  # noqa: PLC0415
@@ -1102,6 +1137,7 @@ class Session:
         gplan = self._plan_for(self._explain_shapes(input_shapes))
         steps = {st.index: st for st in gplan.gpu_steps}
         seg_of = {st.index: seg.index for seg in gplan.segments for st in seg.steps}
+        once = {st.index for st in gplan.prologue or ()}
         host_after = {}
         for i, s in enumerate(gplan.schedule):
             if isinstance(s, HostStep):
@@ -1129,7 +1165,8 @@ class Session:
                     "selection": d["selection"], "tunables": d["tunables"],
                     "shapes": {n: list(b.shape) for n, b in st.plan.buffers.items()
                                if b.role in ("input", "output") and b.shape is not None},
-                    "device": self.device.info.name, "segment": seg_of[info.index],
+                    "device": self.device.info.name, "segment": seg_of.get(info.index),
+                    "once_per_plan": info.index in once,
                     "passes": [{"id": p["id"], "name": p["name"], "dispatch": p["dispatch"]} for p in d["passes"]],
                 })
             else:

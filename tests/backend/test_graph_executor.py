@@ -155,11 +155,13 @@ def test_gpu_chain_one_submit_and_second_run_moves_no_counter(dev, reg):
     x2 = rand(500, seed=1)
     assert_same(s.run(None, {"x": x2}), reference(m, {"x": x2}))
     delta = {k: v - first[k] for k, v in s.stats.snapshot().items()}
-    passes = sum(1 for st in s._plans[next(iter(s._plans))].gpu_steps for p in st.plan.passes if min(p.dispatch) > 0)
+    gplan = s._plans[next(iter(s._plans))]
+    passes = sum(1 for seg in gplan.segments for st in seg.steps for p in st.plan.passes if min(p.dispatch) > 0)
     assert passes >= len(nodes)
     assert delta == {"runs": 1, "plans": 0, "pipelines_compiled": 0, "buffers_allocated": 0, "bytes_allocated": 0,
                      "bind_groups_created": 0, "submits": 1, "dispatches": passes, "readbacks": 1, "bytes_uploaded": 2000,
-                     "bytes_read_back": 2000 + 500 + 4, "host_nodes_run": 0}
+                     "bytes_read_back": 2000 + 500 + 4, "host_nodes_run": 0,
+                     "prologue_dispatches": 0}
     # only the requested outputs are read back
     before = s.stats.snapshot()
     (scale,) = s.run(["a_s"], {"x": x2})
@@ -462,3 +464,39 @@ def test_outputs_that_are_inputs_or_repeated(dev, reg):
     x = rand(5)
     y, sq, y2 = s.run(["y", "sq", "y"], {"x": x})
     assert np.array_equal(y, x) and y is not x and y2 is not y and np.array_equal(sq, x * x)
+
+
+def test_constant_nodes_run_once_per_plan(best):
+    """The DequantizeLinear of every weight (and any GPU node of constants only) runs when the
+    plan is prepared, into a buffer of its own: later runs dispatch only the rest, and the
+    outputs are the same bits as a run that computes them every time (onnx.reference's)."""
+    import warnings
+
+    from onnx_quant import model_zoo
+    from onnx_quant.backend_wgpu.session import Session
+
+    model = model_zoo.quantized("cnn", "qdq", per_channel=True, blocks=1, channels=8, seed=2)
+    feeds = model_zoo.random_feeds(model, {"N": 1, "H": 8, "W": 8}, seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        s = Session(model, device=best, allow_host_fallback=False)
+    first = s.run(None, feeds)
+    entries = s.explain({k: v.shape for k, v in feeds.items()})
+    once = [e for e in entries if e.get("once_per_plan")]
+    weight_dq = [n for n in model.graph.node if n.op_type == "DequantizeLinear"
+                 and n.input[0] in {i.name for i in model.graph.initializer}]
+    assert weight_dq and {e["node"] for e in once} >= {n.name for n in weight_dq}
+    assert all(e["segment"] is None and e["placement"] == "gpu" for e in once)
+    gplan = next(iter(s._plans.values()))
+    once_dispatches = sum(len(st.dispatches) for st in gplan.prologue)
+    assert s.stats.prologue_dispatches == once_dispatches > 0
+    before = s.stats.snapshot()
+    again = s.run(None, feeds)
+    per_run = s.stats.dispatches - before["dispatches"]
+    assert per_run == sum(len(st.dispatches) for seg in gplan.segments for st in seg.steps)
+    assert s.stats.prologue_dispatches == before["prologue_dispatches"]   # not repeated
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(first, again))
+    import onnx.reference
+
+    ref = onnx.reference.ReferenceEvaluator(model).run(None, feeds)
+    np.testing.assert_allclose(again[0], ref[0], rtol=1e-4, atol=1e-4)
