@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ from onnx_quant.backend_wgpu.executor import (
     GpuStep, GraphPlan, HostStep, Lifetime, RootValue, Segment, SessionResources, SessionStats,
     assign_buffers, prepare_graph, release_graph, run_graph,
 )
+from onnx_quant.backend_wgpu.locking import holding
 from onnx_quant.backend_wgpu.packing import device_nbytes
 from onnx_quant.dtypes import element_type, type_name
 from onnx_quant.errors import ExecutionError, HostFallbackWarning, QuantError
@@ -219,6 +221,7 @@ class Session:
         device: GpuDevice | None = None,
         specs: Any = None,
     ) -> None:
+        self._lock = threading.RLock()  # one run at a time per session: backend_wgpu/locking.py
         is_path = isinstance(model_or_path, (str, os.PathLike)) and not isinstance(model_or_path, bytes)
         self.model = load_model(model_or_path, load_external_data=is_path) if is_path else load_model(model_or_path)
         graph = self.model.graph
@@ -951,6 +954,7 @@ class Session:
                          lifetimes=lifetimes, slot_of=slot_of, slot_sizes=slot_sizes,
                          uniform_regions=uniform_regions, uniform_size=uniform_size, folded=folded)
 
+    @holding("_lock")
     def plans(self, input_shapes: Mapping[str, Sequence[int]]) -> list[Any]:
         """The (cached) kernel plan of every node that runs on the GPU for these input shapes,
         in execution order (views, constants, folded and host nodes have none)."""
@@ -958,6 +962,7 @@ class Session:
 
     # -- run ---------------------------------------------------------------------------------
 
+    @holding("_lock")
     def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any], run_options: Any = None) -> list[np.ndarray]:
         """Outputs in the order asked for (all graph outputs when ``output_names`` is None), as
         numpy arrays in the dtypes ``onnx.numpy_helper.to_array`` uses."""
@@ -1003,6 +1008,7 @@ class Session:
             shapes[vi.name] = tuple(d if isinstance(d, int) else 1 for d in dims)
         return shapes
 
+    @holding("_lock")
     def explain(self, input_shapes: Mapping[str, Sequence[int]] | None = None) -> list[dict[str, Any]]:
         """Per node, in graph order: node, op_type, placement (``gpu``, ``host``, ``view``,
         ``constant``, ``folded``, ``unused``), reason (why not gpu), kernel and variant
@@ -1055,6 +1061,7 @@ class Session:
             out.append(entry)
         return out
 
+    @holding("_lock")
     def summary(self, input_shapes: Mapping[str, Sequence[int]] | None = None) -> dict[str, Any]:
         """What a run for these input shapes costs: segments (= submits), GPU/host/view nodes,
         pooled values vs pooled buffers (buffer reuse), uniform bytes."""
@@ -1073,6 +1080,7 @@ class Session:
 
     # -- lifetime ----------------------------------------------------------------------------
 
+    @holding("_lock")
     def close(self) -> None:
         """Release the device buffers of this session's plans, initializers and constants (the
         pipelines stay cached on the device)."""
