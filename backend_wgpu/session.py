@@ -41,7 +41,6 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from onnx_quant.backend_wgpu.device import GpuDevice, get_device
 from onnx_quant.backend_wgpu.executor import (
@@ -49,10 +48,12 @@ from onnx_quant.backend_wgpu.executor import (
     assign_buffers, prepare_graph, release_graph, run_graph,
 )
 from onnx_quant.backend_wgpu.locking import holding
+from onnx_quant.backend_wgpu.model_check import static_values
 from onnx_quant.backend_wgpu.packing import device_nbytes
 from onnx_quant.dtypes import element_type, type_name
 from onnx_quant.errors import ExecutionError, HostFallbackWarning, QuantError
-from onnx_quant.model_io import load_model
+from onnx_quant.budget import resolve as resolve_budget
+from onnx_quant.model_io import initializer_arrays, load_model
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
@@ -202,7 +203,9 @@ class Session:
     ``allow_host_fallback``: run nodes no kernel covers on the host (onnx.reference; a
     HostFallbackWarning names them), or refuse the model (False: ExecutionError listing them).
     ``specs``: a ``SpecRegistry`` or a folder of ``*.kernel.json`` (default: the installed
-    templates).
+    templates). ``base_dir``: the folder external data of a model given as bytes or a ModelProto
+    is read from (without it such data is refused; a path's own folder is used for a path).
+    ``memory_budget``: bytes (or ``"2G"``) any host allocation may take (onnx_quant/budget.py).
 
     ``stats`` (:class:`~backend_wgpu.executor.SessionStats`) counts what the session did:
     plans, pipelines compiled, buffers allocated, bind groups, submits, read-backs, bytes
@@ -220,28 +223,22 @@ class Session:
         limits: str | Mapping[str, int] | None = None,
         device: GpuDevice | None = None,
         specs: Any = None,
+        base_dir: str | os.PathLike | None = None,
+        memory_budget: int | str | None = None,
     ) -> None:
         self._lock = threading.RLock()  # one run at a time per session: backend_wgpu/locking.py
-        is_path = isinstance(model_or_path, (str, os.PathLike)) and not isinstance(model_or_path, bytes)
-        self.model = load_model(model_or_path, load_external_data=is_path) if is_path else load_model(model_or_path)
+        self.budget = resolve_budget(memory_budget)
+        self.model = load_model(model_or_path, load_external_data=True, base_dir=base_dir, budget=self.budget)
+        self._static_values = static_values(self.model)  # structural faults are refused here, first
         graph = self.model.graph
         self.allow_host_fallback = bool(allow_host_fallback)
         self._opsets = {(imp.domain or ""): imp.version for imp in self.model.opset_import}
         self._specs = self._registry(specs)
-        try:
-            self._initializers = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
-        except Exception as e:
-            raise ExecutionError(f"cannot read the model's initializers: {type(e).__name__}: {e}") from None
+        self._initializers = initializer_arrays(self.model, self.budget)
         self._inputs = [vi for vi in graph.input if vi.name not in self._initializers]
         self._outputs = [vi.name for vi in graph.output]
         self._tunables = dict(tunables or {})
         self._variants = dict(variants or {})
-        try:
-            from onnx_quant.inference import infer_values  # noqa: PLC0415
-
-            self._static_values = infer_values(self.model, None, strict=False)
-        except QuantError as e:
-            raise ExecutionError(f"shape inference of the model failed: {e}") from None
         self._nodes = [self._classify(i, node) for i, node in enumerate(graph.node)]
         self._check_overrides()
         self._constants: dict[str, np.ndarray] = {}
