@@ -284,3 +284,71 @@ def test_session_reads_external_data_of_bytes_only_from_base_dir(best, tmp_path,
     x = np.array([1, -2, 3, 0.5], dtype=np.float32)
     (got,) = Session(path.read_bytes(), device=best, base_dir=tmp_path / "m").run(None, {"x": x})
     assert got.tobytes() == (x + np.arange(4, dtype=np.float32)).tobytes()
+
+
+# ---------------------------------------------------------------- spec bombs
+
+SEED_SPEC = Path(__file__).resolve().parents[1] / "templates" / "dynamic_quantize_linear.kernel.json"
+
+
+def seed_spec(tmp_path: Path, edit) -> "object":
+    import json
+
+    from onnx_quant.backend_wgpu.spec import load_spec
+
+    doc = json.loads(SEED_SPEC.read_text())
+    edit(doc)
+    for v in doc["variants"]:
+        for p in v["passes"]:
+            (tmp_path / p["shader"]).write_text("// not rendered\n")
+    path = tmp_path / "k.kernel.json"
+    path.write_text(json.dumps(doc))
+    return load_spec(path)
+
+
+def plan_tiny(spec):
+    from onnx_quant.backend_wgpu.device_info import DeviceInfo
+    from onnx_quant.backend_wgpu.planner import plan_node
+
+    return plan_node(spec, shapes={"x": (4,), "y": (4,), "y_scale": (), "y_zero_point": ()},
+                     dtypes={"x": "float32", "y": "uint8", "y_scale": "float32", "y_zero_point": "uint8"},
+                     device=DeviceInfo(), node_label="dql0")
+
+
+def test_a_squaring_derive_chain_is_refused_quickly(tmp_path):
+    import time
+
+    from onnx_quant.backend_wgpu.expr import MAX_INT_BITS
+    from onnx_quant.errors import ExpressionError
+
+    def chain(doc):
+        doc["derive"]["b0"] = "7" * 4000  # a 4000-digit literal, within the length limit
+        for k in range(1, 40):
+            doc["derive"][f"b{k}"] = f"b{k - 1} * b{k - 1}"
+
+    spec = seed_spec(tmp_path, chain)
+    t0 = time.perf_counter()
+    with pytest.raises(ExpressionError, match=f"integer of 13288 bits .*expected at most {MAX_INT_BITS} bits"):
+        plan_tiny(spec)
+    assert time.perf_counter() - t0 < 5
+
+    def small_chain(doc):
+        doc["derive"]["b0"] = "3"
+        for k in range(1, 40):
+            doc["derive"][f"b{k}"] = f"b{k - 1} * b{k - 1}"
+
+    with pytest.raises(ExpressionError, match="bits .*expected at most 256 bits"):
+        plan_tiny(seed_spec(tmp_path, small_chain))
+
+
+def test_a_dispatch_far_beyond_the_tensor_is_refused_naming_the_node(tmp_path):
+    from onnx_quant.backend_wgpu.work_bounds import DispatchBoundError
+
+    def bomb(doc):
+        for v in doc["variants"]:
+            for p in v["passes"]:
+                p["dispatch"] = {"x": "65535", "y": "65535"}
+
+    with pytest.raises(DispatchBoundError, match=r"node 'dql0'.*dispatch \[65535, 65535, 1\].*expected at most"):
+        plan_tiny(seed_spec(tmp_path, bomb))
+    assert plan_tiny(seed_spec(tmp_path, lambda doc: None)).passes  # the seed spec itself plans
