@@ -28,3 +28,22 @@ def static_values(model: onnx.ModelProto) -> dict:
     if fault is not None:
         raise fault
     return result.values()
+
+
+def check_host_outputs(budget, label: str, op: str, outputs, values) -> None:
+    """Refuse a host node whose outputs (shapes from inference, before onnx.reference makes
+    them) would take more than the memory budget together: ``BudgetError`` naming the node."""
+    from onnx_quant.dtypes import element_type  # noqa: PLC0415
+
+    total = 0
+    for name in outputs:
+        v = values.get(name)
+        shape = None if v is None else v.shape
+        if not v or not v.elem_type or shape is None or not all(type(d) is int for d in shape):
+            continue  # unknown until it runs: nothing to check against beforehand
+        try:
+            bits = element_type(v.elem_type).bits
+        except QuantError:
+            continue
+        total += budget.check_array(shape, max(8, bits), f"node {label!r} ({op}) output {name!r}")
+    budget.check(total, f"node {label!r} ({op}) outputs")

@@ -48,7 +48,7 @@ from onnx_quant.backend_wgpu.executor import (
     assign_buffers, prepare_graph, release_graph, run_graph,
 )
 from onnx_quant.backend_wgpu.locking import holding
-from onnx_quant.backend_wgpu.model_check import static_values
+from onnx_quant.backend_wgpu.model_check import check_host_outputs, static_values
 from onnx_quant.backend_wgpu.packing import device_nbytes
 from onnx_quant.dtypes import element_type, type_name
 from onnx_quant.errors import ExecutionError, HostFallbackWarning, QuantError
@@ -897,6 +897,7 @@ class Session:
                     step_inputs.append((n, r, alias[n][1]))
                 if any(r in open_produced for _, r, _ in step_inputs):
                     flush()
+                check_host_outputs(self.budget, info.label, self._op_name(info), node.output, values)
                 schedule.append(HostStep(info.index, info.label, self._op_name(info), step_inputs,
                                          tuple(o for o in node.output if o), reasons.get(info.index, "")))
         flush()

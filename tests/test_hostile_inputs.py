@@ -352,3 +352,64 @@ def test_a_dispatch_far_beyond_the_tensor_is_refused_naming_the_node(tmp_path):
     with pytest.raises(DispatchBoundError, match=r"node 'dql0'.*dispatch \[65535, 65535, 1\].*expected at most"):
         plan_tiny(seed_spec(tmp_path, bomb))
     assert plan_tiny(seed_spec(tmp_path, lambda doc: None)).passes  # the seed spec itself plans
+
+
+# ---------------------------------------------------------------- memory budget
+
+
+def big_output_model(op: str) -> onnx.ModelProto:
+    """A tiny input, a node whose output inference sizes at 4-64 GiB."""
+    x = h.make_tensor_value_info("x", F, [2])
+    inits, nodes = [], []
+    if op == "ConstantOfShape":
+        inits.append(numpy_helper.from_array(np.array([2**30], dtype=np.int64), "shape"))
+        nodes.append(h.make_node("ConstantOfShape", ["shape"], ["big"], name="fill",
+                                 value=numpy_helper.from_array(np.array([1.5], dtype=np.float32))))
+    elif op == "Tile":
+        inits.append(numpy_helper.from_array(np.array([2**31], dtype=np.int64), "reps"))
+        nodes.append(h.make_node("Tile", ["x", "reps"], ["big"], name="tile"))
+    else:  # Expand
+        inits.append(numpy_helper.from_array(np.array([2**40, 2], dtype=np.int64), "shape"))
+        nodes.append(h.make_node("Expand", ["x", "shape"], ["big"], name="expand"))
+    g = h.make_graph(nodes, "g", [x], [h.make_tensor_value_info("big", F, None)], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("op, node, nbytes", [("ConstantOfShape", "fill", 4 * 2**30), ("Tile", "tile", 8 * 2**31),
+                                              ("Expand", "expand", 8 * 2**40)])
+def test_host_work_beyond_the_budget_is_refused_before_it_is_allocated(best, op, node, nbytes, tmp_path):
+    import time
+    import warnings
+
+    from onnx_quant.backend_wgpu.session import Session
+
+    model = big_output_model(op)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        s = Session(model, device=best, memory_budget="1G")
+        t0 = time.perf_counter()
+        with pytest.raises(BudgetError, match=f"node '{node}' .*needs {nbytes} bytes.*budget of {2**30} bytes"):
+            s.run(None, {"x": np.ones(2, dtype=np.float32)})
+    assert time.perf_counter() - t0 < 10
+    code, lines = cli("run", str(save(model, tmp_path / "m.onnx")), "--random", env={"ONNX_QUANT_MEMORY_BUDGET": "1G"})
+    assert code == 2
+    one_error_line(lines, "run", f"node '{node}'", f"needs {nbytes} bytes")
+
+
+@pytest.mark.parametrize("dim, needle", [(2**62, f"needs {4 * 2**62} bytes"), (-5, "expected dims >= 0, found -5")])
+def test_random_feeds_of_absurd_dims_are_a_clear_error(dim, needle, tmp_path):
+    path = save(relu_model((dim,)), tmp_path / "m.onnx")
+    code, lines = cli("run", str(path), "--random")
+    assert code == 2
+    one_error_line(lines, "run", "--random input 'x'", needle)
+
+
+def test_budget_setting_is_validated():
+    from onnx_quant.budget import parse_size, resolve
+
+    assert parse_size("512M") == 512 * 2**20 and parse_size("3g") == 3 * 2**30 and parse_size("4096") == 4096
+    assert resolve("2G").limit == 2 * 2**30
+    with pytest.raises(BudgetError, match="expected a byte count like 4096, 512M or 8G, found 'lots'"):
+        parse_size("lots")
+    with pytest.raises(BudgetError, match="expected a positive byte count, found 0"):
+        resolve(0)
