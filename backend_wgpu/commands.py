@@ -182,8 +182,11 @@ def cmd_explain(args) -> int:
 def _random_input(name: str, elem_type: int, dims: Sequence[Any], rng: np.random.Generator) -> np.ndarray:
     from onnx_quant.dtypes import element_type  # noqa: PLC0415
 
+    from onnx_quant.budget import resolve  # noqa: PLC0415
+
     et = element_type(elem_type)
     shape = tuple(d if isinstance(d, int) else 16 for d in dims)
+    resolve().check_array(shape, max(8, et.bits), f"--random input {name!r}")  # before numpy allocates
     if et.is_float:
         return (rng.standard_normal(shape) * 4).astype(np.float32).astype(et.dtype)
     if et.is_integer:

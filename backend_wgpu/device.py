@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from onnx_quant.backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS, DeviceInfo
+from onnx_quant.backend_wgpu.locking import holding
 from onnx_quant.errors import DeviceError
 
 #: features kernels may use, requested when the adapter has them (real wgpu names)
@@ -176,6 +177,8 @@ class GpuDevice:
         from onnx_quant.backend_wgpu.pipelines import PipelineCache  # noqa: PLC0415
 
         wgpu = _wgpu()
+        #: guards the queue (upload, submit + staging map/unmap) and the caches: backend_wgpu/locking.py
+        self.lock = threading.RLock()
         self.adapter_entry = select_adapter(adapter)
         entry = self.adapter_entry
         mode, overrides = _limits_base(limits)
@@ -237,6 +240,7 @@ class GpuDevice:
 
     # -- buffers --------------------------------------------------------------------------
 
+    @holding("lock")
     def allocate(self, size: int, *, label: str = "", usage: int | None = None):
         """A storage buffer of at least ``size`` bytes (rounded up to a multiple of 4, min 4)."""
         wgpu = self.wgpu
@@ -258,6 +262,7 @@ class GpuDevice:
         wgpu = self.wgpu
         return self.allocate(size, label=label, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
 
+    @holding("lock")
     def upload(self, buffer, data, offset: int = 0) -> None:
         """Write bytes (or a contiguous array) into a buffer; the size must be a multiple of 4."""
         mv = memoryview(data).cast("B")
@@ -268,6 +273,7 @@ class GpuDevice:
         with self.errors(f"uploading {len(mv)} bytes to {buffer.label!r}"):
             self.queue.write_buffer(buffer, offset, mv)
 
+    @holding("lock")
     def download(self, buffer, size: int | None = None) -> bytes:
         """Read a buffer back (a one-off staging buffer; the executor uses a persistent one)."""
         size = buffer.size if size is None else size
@@ -275,6 +281,7 @@ class GpuDevice:
         self.launch([], copies=[(buffer, 0, staging, 0, (size + 3) // 4 * 4)])
         return bytes(memoryview(self.read_staging(staging, size))[:size])
 
+    @holding("lock")
     def read_staging(self, staging, size: int | None = None) -> bytes:
         """Map a MAP_READ buffer, copy ``size`` bytes (default all) out once, unmap."""
         wgpu = self.wgpu
@@ -289,12 +296,14 @@ class GpuDevice:
 
     # -- pipelines ------------------------------------------------------------------------
 
+    @holding("lock")
     def compile(self, source: str, layout_key: tuple, *, entry_point: str = "main", label: str = "",
                 kernel: str | None = None, variant: str | None = None, pass_id: str | None = None):
         """A cached compute pipeline (see pipelines.py) for the source and bind-group layout."""
         return self.pipelines.get(source, layout_key, entry_point=entry_point, label=label,
                                   kernel=kernel, variant=variant, pass_id=pass_id)
 
+    @holding("lock")
     def bind(self, compiled, buffers: Sequence[tuple], *, label: str = "",
              kernel: str | None = None, variant: str | None = None, pass_id: str | None = None):
         """A bind group for a compiled pipeline: (binding index, buffer, size in bytes) or
@@ -311,6 +320,7 @@ class GpuDevice:
 
     # -- launch ---------------------------------------------------------------------------
 
+    @holding("lock")
     def launch(
         self,
         dispatches: Sequence[tuple[Any, Any, tuple[int, int, int], str]],
@@ -347,6 +357,7 @@ class GpuDevice:
         return None
 
 
+    @holding("lock")
     def submit(
         self,
         commands: Sequence[tuple],

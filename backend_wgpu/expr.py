@@ -42,11 +42,16 @@ from onnx_quant.errors import ExpressionError
 __all__ = [
     "Expr", "Env", "Scope", "Value", "parse", "evaluate", "evaluate_value", "free_names",
     "check", "expression_error", "suggest", "FUNCTIONS", "NAMESPACES", "RESERVED_NAMES",
-    "MAX_EXPRESSION_LENGTH", "type_name",
+    "MAX_EXPRESSION_LENGTH", "MAX_INT_BITS", "MAX_EVAL_STEPS", "type_name",
 ]
 
 #: Longest expression text accepted (keeps parsing and evaluation bounded).
 MAX_EXPRESSION_LENGTH = 4096
+#: integers an expression may compute (shapes, byte sizes and products of them fit many times
+#: over); a derive chain that squares a value each step is refused at this size, not hours later
+MAX_INT_BITS = 256
+#: nodes one evaluation may visit (a tree of MAX_EXPRESSION_LENGTH characters has fewer)
+MAX_EVAL_STEPS = 20_000
 
 #: Names that only make sense followed by an attribute.
 NAMESPACES = frozenset({"shapes", "ranks", "tunables", "device", "attrs", "dtypes", "present"})
@@ -452,6 +457,7 @@ class _Evaluator:
     def __init__(self, text: str, env: Env) -> None:
         self.text = text
         self.env = env
+        self.steps = 0
 
     def fail(self, reason: str) -> ExpressionError:
         return expression_error(self.text, reason)
@@ -466,7 +472,14 @@ class _Evaluator:
         m = getattr(self, "_" + type(node).__name__, None)
         if m is None:  # validated trees never get here
             raise self.fail(f"unsupported syntax ({type(node).__name__})")
-        return m(node)
+        self.steps += 1
+        if self.steps > MAX_EVAL_STEPS:
+            raise self.fail(f"evaluation takes more than {MAX_EVAL_STEPS} steps")
+        v = m(node)
+        if type(v) is int and v.bit_length() > MAX_INT_BITS:  # squaring chains grow without bound
+            raise self.fail(f"integer of {v.bit_length()} bits ({self.src(node)[:60]}): expected at most "
+                            f"{MAX_INT_BITS} bits")
+        return v
 
     # -- leaves
     def _Constant(self, node: ast.Constant) -> Any:

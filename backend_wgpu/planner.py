@@ -19,6 +19,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from onnx_quant.backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS, DeviceInfo
 from onnx_quant.backend_wgpu.packing import device_nbytes
 from onnx_quant.backend_wgpu.expr import Env, Expr, evaluate_value, type_name
+from onnx_quant.backend_wgpu.work_bounds import check_invocations
 from onnx_quant.backend_wgpu.plan import BindingPlan, BufferPlan, KernelPlan, PassPlan
 from onnx_quant.backend_wgpu.spec import (
     Derive, KernelSpec, Pass, PassBinding, StructMember, Variant, wgsl_scalar_of, wgsl_type_layout,
@@ -518,6 +519,8 @@ def _plan_pass(spec: KernelSpec, variant: Variant, p: Pass, env_v: Env, top: Map
         if wg > cap:
             raise ExecutionError(f"{pw}: workgroupSize {wg} exceeds the device limit "
                                  f"min(maxComputeInvocationsPerWorkgroup, maxComputeWorkgroupSizeX) = {cap}")
+    check_invocations(pw, dispatch, wg if isinstance(wg, int) else 1,
+                      (math.prod(b.shape) for b in buffers.values() if b.shape is not None))
 
     bindings: list[BindingPlan] = []
     n_storage = n_uniform = 0

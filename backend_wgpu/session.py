@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -40,7 +41,6 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from onnx_quant.backend_wgpu.device import GpuDevice, get_device
 from onnx_quant.backend_wgpu.device_value import DeviceValue, stand_in
@@ -48,10 +48,13 @@ from onnx_quant.backend_wgpu.executor import (
     GpuStep, GraphPlan, HostStep, Lifetime, RootValue, Segment, SessionResources, SessionStats,
     assign_buffers, prepare_graph, release_graph, run_graph,
 )
+from onnx_quant.backend_wgpu.locking import holding
+from onnx_quant.backend_wgpu.model_check import check_host_outputs, static_values
 from onnx_quant.backend_wgpu.packing import device_nbytes
 from onnx_quant.dtypes import element_type, type_name
 from onnx_quant.errors import ExecutionError, HostFallbackWarning, QuantError
-from onnx_quant.model_io import load_model
+from onnx_quant.budget import resolve as resolve_budget
+from onnx_quant.model_io import initializer_arrays, load_model
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
@@ -217,7 +220,9 @@ class Session:
     ``allow_host_fallback``: run nodes no kernel covers on the host (onnx.reference; a
     HostFallbackWarning names them), or refuse the model (False: ExecutionError listing them).
     ``specs``: a ``SpecRegistry`` or a folder of ``*.kernel.json`` (default: the installed
-    templates).
+    templates). ``base_dir``: the folder external data of a model given as bytes or a ModelProto
+    is read from (without it such data is refused; a path's own folder is used for a path).
+    ``memory_budget``: bytes (or ``"2G"``) any host allocation may take (onnx_quant/budget.py).
 
     ``stats`` (:class:`~backend_wgpu.executor.SessionStats`) counts what the session did:
     plans, pipelines compiled, buffers allocated, bind groups, submits, read-backs, bytes
@@ -235,28 +240,23 @@ class Session:
         limits: str | Mapping[str, int] | None = None,
         device: GpuDevice | None = None,
         specs: Any = None,
+        base_dir: str | os.PathLike | None = None,
+        memory_budget: int | str | None = None,
         profile: bool = False,
     ) -> None:
-        is_path = isinstance(model_or_path, (str, os.PathLike)) and not isinstance(model_or_path, bytes)
-        self.model = load_model(model_or_path, load_external_data=is_path) if is_path else load_model(model_or_path)
+        self._lock = threading.RLock()  # one run at a time per session: backend_wgpu/locking.py
+        self.budget = resolve_budget(memory_budget)
+        self.model = load_model(model_or_path, load_external_data=True, base_dir=base_dir, budget=self.budget)
+        self._static_values = static_values(self.model)  # structural faults are refused here, first
         graph = self.model.graph
         self.allow_host_fallback = bool(allow_host_fallback)
         self._opsets = {(imp.domain or ""): imp.version for imp in self.model.opset_import}
         self._specs = self._registry(specs)
-        try:
-            self._initializers = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
-        except Exception as e:
-            raise ExecutionError(f"cannot read the model's initializers: {type(e).__name__}: {e}") from None
+        self._initializers = initializer_arrays(self.model, self.budget)
         self._inputs = [vi for vi in graph.input if vi.name not in self._initializers]
         self._outputs = [vi.name for vi in graph.output]
         self._tunables = dict(tunables or {})
         self._variants = dict(variants or {})
-        try:
-            from onnx_quant.inference import infer_values  # noqa: PLC0415
-
-            self._static_values = infer_values(self.model, None, strict=False)
-        except QuantError as e:
-            raise ExecutionError(f"shape inference of the model failed: {e}") from None
         self._nodes = [self._classify(i, node) for i, node in enumerate(graph.node)]
         self._check_overrides()
         self._constants: dict[str, np.ndarray] = {}
@@ -979,6 +979,7 @@ class Session:
                     step_inputs.append((n, r, alias[n][1]))
                 if any(r in open_produced for _, r, _ in step_inputs):
                     flush()
+                check_host_outputs(self.budget, info.label, self._op_name(info), node.output, values)
                 schedule.append(HostStep(info.index, info.label, self._op_name(info), step_inputs,
                                          tuple(o for o in node.output if o), reasons.get(info.index, "")))
         flush()
@@ -1033,6 +1034,7 @@ class Session:
                          uniform_regions=uniform_regions, uniform_size=uniform_size, folded=folded,
                          prologue=prologue)
 
+    @holding("_lock")
     def plans(self, input_shapes: Mapping[str, Sequence[int]]) -> list[Any]:
         """The (cached) kernel plan of every node that runs on the GPU for these input shapes,
         in execution order (views, constants, folded and host nodes have none)."""
@@ -1040,6 +1042,7 @@ class Session:
 
     # -- run ---------------------------------------------------------------------------------
 
+    @holding("_lock")
     def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any], run_options: Any = None, *,
             device_outputs: Sequence[str] = ()) -> list[Any]:
         """Outputs in the order asked for (all graph outputs when ``output_names`` is None), as
@@ -1124,6 +1127,7 @@ class Session:
             shapes[vi.name] = tuple(d if isinstance(d, int) else 1 for d in dims)
         return shapes
 
+    @holding("_lock")
     def explain(self, input_shapes: Mapping[str, Sequence[int]] | None = None) -> list[dict[str, Any]]:
         """Per node, in graph order: node, op_type, placement (``gpu``, ``host``, ``view``,
         ``constant``, ``folded``, ``unused``), reason (why not gpu), kernel and variant
@@ -1179,6 +1183,7 @@ class Session:
             out.append(entry)
         return out
 
+    @holding("_lock")
     def summary(self, input_shapes: Mapping[str, Sequence[int]] | None = None) -> dict[str, Any]:
         """What a run for these input shapes costs: segments (= submits), GPU/host/view nodes,
         pooled values vs pooled buffers (buffer reuse), uniform bytes."""
@@ -1197,6 +1202,7 @@ class Session:
 
     # -- lifetime ----------------------------------------------------------------------------
 
+    @holding("_lock")
     def close(self) -> None:
         """Release the device buffers of this session's plans, initializers and constants (the
         pipelines stay cached on the device)."""

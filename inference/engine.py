@@ -47,8 +47,13 @@ from onnx_quant.inference.context import ShapesContext, TensorInfo
 from onnx_quant.inference.diagnostics import MODEL_NODE, Diagnostic, one_line
 from onnx_quant.inference.dims import DimLike
 from onnx_quant.inference.registry import NodeContext, normalize_domain
-from onnx_quant.errors import InferenceError
-from onnx_quant.model_io import EXAMPLE_NAME, ModelSource, check_external_location, load_model
+from onnx_quant.errors import InferenceError, QuantError
+from onnx_quant.inference.model_facts import model_facts
+from onnx_quant.inference.structure import check_depth
+from onnx_quant.budget import resolve as resolve_budget
+from onnx_quant.model_io import (
+    EXAMPLE_NAME, ModelSource, check_external_files, check_external_location, load_model,
+)
 
 #: Constants up to this many elements are handed to onnx's inference as input data
 #: (Reshape's shape, Slice's starts, Resize's scales need it; weights never do).
@@ -202,27 +207,55 @@ def _source_label(model: ModelSource) -> str:
     return str(model)
 
 
-def check(model: ModelSource) -> tuple[list[Diagnostic], InferenceResult]:
-    """``check_model``'s diagnostics together with the pass result they came from."""
+def check(model: ModelSource, *, base_dir: str | os.PathLike | None = None) -> tuple[list[Diagnostic], InferenceResult]:
+    """``check_model``'s diagnostics together with the pass result they came from (None when
+    subgraphs nest too deep to walk: the ``graph-depth`` diagnostic says so)."""
     proto = load_model(model)
     found: list[Diagnostic] = []
     # given a path, the checker resolves external data beside the model, not in the cwd
     is_file = isinstance(model, (str, os.PathLike)) and model != EXAMPLE_NAME
     try:
-        onnx.checker.check_model(os.fspath(model) if is_file else proto)
+        onnx.checker.check_model(os.fspath(model) if is_file else _checker_view(proto, base_dir, _source_label(model)))
+    except QuantError:
+        raise
     except Exception as e:  # onnx raises ValidationError, but also C++ errors of other kinds
         found.append(Diagnostic(MODEL_NODE, "onnx.checker", one_line(e)))
-    result = _Pass(proto, strict=False).run(None)
+    found.extend(model_facts(proto))
+    try:
+        result = _Pass(proto, strict=False).run(None)
+    except InferenceError as e:  # graph-depth: the pass cannot walk the model at all
+        found.append(Diagnostic.from_error(e))
+        return found, None
     found.extend(result.diagnostics)
     return found, result
 
 
-def check_model(model: ModelSource) -> list[Diagnostic]:
+def check_model(model: ModelSource, *, base_dir: str | os.PathLike | None = None) -> list[Diagnostic]:
     """Every problem of ``model``: onnx's checker first, then each violation the pass finds.
 
-    Empty when the model is valid.
+    Empty when the model is valid. External data of a model given as bytes or a ModelProto is
+    looked for in ``base_dir`` only (refused without it: ``ModelLoadError`` naming the tensor).
     """
-    return check(model)[0]
+    return check(model, base_dir=base_dir)[0]
+
+
+def _checker_view(proto: onnx.ModelProto, base_dir, label: str) -> onnx.ModelProto:
+    """What onnx's checker may see of an in-memory model: the checker looks for external data
+    in the current directory, so external tensors are checked here against ``base_dir``
+    (:func:`check_external_files`) and handed to the checker as graph inputs of their type."""
+    if check_external_files(proto, base_dir, label, resolve_budget()) is None:
+        return proto
+    view = onnx.ModelProto()
+    view.CopyFrom(proto)
+    graph = view.graph
+    keep = [t for t in graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
+    moved = [t for t in graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    inputs = {i.name for i in graph.input}
+    graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                       for t in moved if t.name not in inputs)
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+    return view
 
 
 # ------------------------------------------------------------------ write-back
@@ -677,6 +710,7 @@ class _Pass:
 
     # -- driver
     def run(self, input_shapes: Mapping[str, Iterable[Any]] | None) -> InferenceResult:
+        check_depth(self.model.graph, self.model.functions)  # before any recursive walk
         g = self.main
         self._seed(g, input_shapes)
         self.walk(g)

@@ -5,7 +5,7 @@ each subcommand lives beside the code it drives (``inference.commands``,
 ``backend_wgpu.commands``) and is imported lazily so that ``infer``/``check`` never load wgpu.
 
 Exit codes: 0 success; 1 the model has problems (``check``) or a run/conformance failed;
-2 unusable input (missing file, not ONNX, bad arguments).
+2 unusable input (missing file, not ONNX, bad arguments, beyond the memory budget).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import importlib
 import sys
 from typing import Callable, Sequence
 
-from onnx_quant.errors import ModelLoadError, QuantError
+from onnx_quant.errors import BudgetError, ModelLoadError, QuantError
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_UNUSABLE = 0, 1, 2
 
@@ -137,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         handler = getattr(importlib.import_module(module_name), func_name)
         return int(handler(args) or 0)
-    except ModelLoadError as e:
+    except (ModelLoadError, BudgetError) as e:  # input unusable here, or beyond the memory budget
         if debug:
             raise
         print(f"onnx-quant {args.command}: error: {e}", file=sys.stderr)

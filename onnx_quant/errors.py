@@ -70,6 +70,11 @@ class ExecutionError(QuantError):
     """A run cannot proceed: bad feeds, a tensor beyond device limits, an unsupported node."""
 
 
+class BudgetError(ExecutionError):
+    """A host allocation (or upload) the model asks for is beyond the memory budget, or a size
+    that cannot be an allocation (a negative dim): names the node or tensor, bytes and budget."""
+
+
 class QuantWarning(UserWarning):
     """Base of every warning onnx-quant issues on purpose."""
 

@@ -20,6 +20,8 @@ import platform
 
 import numpy as np
 import pytest
+
+from conftest import skip_unless_ci
 from onnx import TensorProto, helper
 
 from onnx_quant.errors import ExecutionError
@@ -227,11 +229,12 @@ def test_qlinear_binary_absent_zero_points(best, op):
     assert_matches_ort(got, ort_run(model, feeds)[0], op)
 
 
-@pytest.mark.skipif(not ORT_FMA3, reason="onnxruntime runs its AVX2/FMA3 QLinearAdd kernel only on such CPUs")
 def test_qlinear_add_operand_order_matters():
     """Documents why the kernel follows onnxruntime's broadcast loop: with the operands in
     the fixed order fma(a, RA, fma(b, RB, F)), onnxruntime's results are not reproduced when A
     repeats along the innermost dimension (it swaps them there); with the swap they are."""
+    if not ORT_FMA3:
+        skip_unless_ci("onnxruntime runs its AVX2/FMA3 QLinearAdd kernel only on such CPUs")
     import onnxruntime as ort
     del ort
     r = np.random.default_rng(5)
@@ -414,7 +417,7 @@ def test_onnxruntime_qoperator_model_runs_bit_exact(tmp_path):
     uint8, QLinearConcat, QLinearGlobalAveragePool) runs whole on the device through
     backend_wgpu.Session and gives onnxruntime's outputs bit for bit."""
     if not ORT_FMA3:
-        pytest.skip("bit-exactness with onnxruntime is established for its AVX2/FMA3 kernels")
+        skip_unless_ci("bit-exactness with onnxruntime is established for its AVX2/FMA3 kernels")
     import onnx
     from onnx import numpy_helper
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static

@@ -1,0 +1,415 @@
+"""Hostile and broken inputs, each through the API (error class and rule) and the CLI
+(``python -m onnx_quant``: exit code, one line, no traceback). The corpus is built here, in
+tmp_path: special files, external data escaping the folder, structural faults, nesting
+bombs, models asking for huge host allocations, spec expression bombs."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T, helper as h, numpy_helper
+
+from onnx_quant import inference
+from onnx_quant.errors import BudgetError, InferenceError, ModelLoadError
+from onnx_quant.inference.structure import MAX_SUBGRAPH_DEPTH
+from onnx_quant.model_io import load_model
+
+F = T.FLOAT
+
+
+def cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 120):
+    """(exit code, stderr lines) of ``python -m onnx_quant ARGS``."""
+    full_env = {**os.environ, **(env or {})}
+    p = subprocess.run([sys.executable, "-m", "onnx_quant", *args], capture_output=True, text=True,
+                       cwd=cwd, env=full_env, timeout=timeout)
+    assert "Traceback" not in p.stderr and "Traceback" not in p.stdout, p.stderr
+    return p.returncode, [line for line in p.stderr.splitlines() if line.strip()]
+
+
+def one_error_line(lines: list[str], command: str, *needles: str) -> str:
+    errors = [line for line in lines if line.startswith(f"onnx-quant {command}: error: ")]
+    assert len(errors) == 1, lines
+    for n in needles:
+        assert n in errors[0], (n, errors[0])
+    return errors[0]
+
+
+def relu_model(x_shape=(2,), opset: int = 17) -> onnx.ModelProto:
+    g = h.make_graph([h.make_node("Relu", ["x"], ["y"], name="act")], "g",
+                     [h.make_tensor_value_info("x", F, list(x_shape))], [h.make_tensor_value_info("y", F, list(x_shape))])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
+
+
+def save(model: onnx.ModelProto, path: Path) -> Path:
+    onnx.save(model, str(path))
+    return path
+
+
+# ---------------------------------------------------------------- special files
+
+
+def test_fifo_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "model.onnx"
+    os.mkfifo(fifo)
+    with pytest.raises(ModelLoadError, match="is a FIFO: expected an .onnx file"):
+        load_model(str(fifo))
+    code, lines = cli("infer", str(fifo), timeout=60)
+    assert code == 2
+    one_error_line(lines, "infer", "is a FIFO")
+
+
+def test_dev_zero_and_folders_are_refused(tmp_path):
+    with pytest.raises(ModelLoadError, match="is a character device"):
+        load_model("/dev/zero")
+    with pytest.raises(ModelLoadError, match="is a directory"):
+        load_model(str(tmp_path))
+    code, lines = cli("check", "/dev/zero")
+    assert code == 2
+    one_error_line(lines, "check", "/dev/zero: is a character device")
+
+
+def test_unreadable_path_is_a_load_error(tmp_path, monkeypatch):
+    path = save(relu_model(), tmp_path / "m.onnx")
+
+    def denied(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "stat", denied)  # what a folder without search permission gives
+    with pytest.raises(ModelLoadError, match="m.onnx: cannot access: Permission denied"):
+        load_model(str(path))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores folder permissions (the test above covers the API)")
+def test_folder_without_search_permission(tmp_path):
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    path = save(relu_model(), folder / "m.onnx")
+    folder.chmod(0)
+    try:
+        with pytest.raises(ModelLoadError, match="cannot access: Permission denied"):
+            load_model(str(path))
+        code, lines = cli("infer", str(path))
+        assert code == 2
+        one_error_line(lines, "infer", "cannot access: Permission denied")
+    finally:
+        folder.chmod(stat.S_IRWXU)
+
+
+def test_file_beyond_the_budget_is_refused_before_reading(tmp_path):
+    path = save(relu_model(), tmp_path / "m.onnx")
+    size = path.stat().st_size
+    with pytest.raises(ModelLoadError, match=f"file of {size} bytes: expected at most 16 bytes"):
+        load_model(str(path), budget=16)
+    code, lines = cli("infer", str(path), env={"ONNX_QUANT_MEMORY_BUDGET": "16"})
+    assert code == 2
+    one_error_line(lines, "infer", f"file of {size} bytes")
+
+
+# ---------------------------------------------------------------- external data
+
+
+def external_model(folder: Path, location: str = "weights.bin", n: int = 4) -> Path:
+    w = numpy_helper.from_array(np.arange(n, dtype=np.float32), "w")
+    g = h.make_graph([h.make_node("Add", ["x", "w"], ["y"], name="add")], "g",
+                     [h.make_tensor_value_info("x", F, [n])], [h.make_tensor_value_info("y", F, [n])], [w])
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "m.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), str(path), save_as_external_data=True,
+              location=location, size_threshold=0)
+    return path
+
+
+def test_in_memory_model_never_reads_external_data_from_the_cwd(tmp_path, monkeypatch):
+    path = external_model(tmp_path / "m", "secret.bin")
+    data = path.read_bytes()
+    monkeypatch.chdir(tmp_path / "m")  # secret.bin is right here: it must not be read
+    for source in (data, onnx.load(str(path), load_external_data=False)):
+        with pytest.raises(ModelLoadError, match="tensor 'w': the model was given in memory.*expected base_dir="):
+            load_model(source, load_external_data=True)
+        with pytest.raises(ModelLoadError, match="tensor 'w'.*base_dir="):
+            inference.check_model(source)
+    loaded = load_model(data, load_external_data=True, base_dir=tmp_path / "m")
+    assert np.array_equal(numpy_helper.to_array(loaded.graph.initializer[0]), np.arange(4, dtype=np.float32))
+    assert inference.check_model(data, base_dir=tmp_path / "m") == []
+
+
+def test_a_symlink_out_of_the_model_folder_is_refused(tmp_path):
+    path = external_model(tmp_path / "m")
+    outside = tmp_path / "outside.bin"
+    (tmp_path / "m" / "weights.bin").rename(outside)
+    (tmp_path / "m" / "weights.bin").symlink_to(outside)
+    with pytest.raises(ModelLoadError, match="tensor 'w' points outside the model's folder.*a link to"):
+        load_model(str(path), load_external_data=True)
+
+
+def test_external_data_shorter_than_its_tensor_and_a_fifo_as_data(tmp_path):
+    path = external_model(tmp_path / "m")
+    (tmp_path / "m" / "weights.bin").write_bytes(b"\0" * 8)
+    with pytest.raises(ModelLoadError, match=r"tensor 'w': expected bytes 0\.\.16 of 'weights.bin', found a file of 8"):
+        load_model(str(path), load_external_data=True)
+    os.remove(tmp_path / "m" / "weights.bin")
+    os.mkfifo(tmp_path / "m" / "weights.bin")
+    with pytest.raises(ModelLoadError, match="tensor 'w': is a FIFO"):
+        load_model(str(path), load_external_data=True)
+
+
+def test_external_data_beyond_the_budget_is_refused_before_loading(tmp_path):
+    path = external_model(tmp_path / "m", n=1024)
+    assert path.stat().st_size < 1000
+    with pytest.raises(BudgetError, match="tensor 'w'.*needs 4096 bytes.*budget of 1000 bytes"):
+        load_model(str(path), load_external_data=True, budget=1000)
+
+
+def test_a_too_short_initializer_names_the_tensor():
+    model = relu_model()
+    t = numpy_helper.from_array(np.zeros(2, dtype=np.float32), "big")
+    del t.dims[:]
+    t.dims.append(1000)
+    model.graph.initializer.append(t)
+    from onnx_quant.model_io import initializer_arrays
+    from onnx_quant.budget import resolve
+
+    with pytest.raises(ModelLoadError, match=r"initializer 'big': its data does not fill dims \[1000\]"):
+        initializer_arrays(model, resolve(None))
+
+
+# ---------------------------------------------------------------- structural faults
+
+
+def cycle_model() -> onnx.ModelProto:
+    g = h.make_graph([h.make_node("Relu", ["b"], ["a"], name="r1"), h.make_node("Relu", ["a"], ["b"], name="r2"),
+                      h.make_node("Add", ["x", "b"], ["y"], name="add")], "g",
+                     [h.make_tensor_value_info("x", F, [2])], [h.make_tensor_value_info("y", F, [2])])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+def twice_model() -> onnx.ModelProto:
+    g = h.make_graph([h.make_node("Relu", ["x"], ["a"], name="r1"), h.make_node("Neg", ["x"], ["a"], name="r2"),
+                      h.make_node("Add", ["x", "a"], ["y"], name="add")], "g",
+                     [h.make_tensor_value_info("x", F, [2])], [h.make_tensor_value_info("y", F, [2])])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+def nested_if(depth: int) -> onnx.ModelProto:
+    """``depth`` If nodes, each the then-branch of the one above; built outside in, in place
+    (onnx.helper copies each level, and protobuf refuses to parse past 100 levels)."""
+    out = h.make_tensor_value_info("t", F, [2])
+    g = h.make_graph([], "g", [h.make_tensor_value_info("x", F, [2]), h.make_tensor_value_info("c", T.BOOL, [])], [out])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    graph = model.graph
+    for i in range(depth):
+        node = graph.node.add()
+        node.op_type, node.name = "If", f"if{i}"
+        node.input.append("c")
+        node.output.append("t")
+        els = node.attribute.add()
+        els.name, els.type = "else_branch", onnx.AttributeProto.GRAPH
+        els.g.CopyFrom(h.make_graph([h.make_node("Identity", ["x"], ["t"])], f"e{i}", [], [out]))
+        then = node.attribute.add()
+        then.name, then.type = "then_branch", onnx.AttributeProto.GRAPH
+        graph = then.g
+        graph.name = f"b{i}"
+        graph.output.add().CopyFrom(out)
+    graph.node.add().CopyFrom(h.make_node("Identity", ["x"], ["t"]))
+    return model
+
+
+@pytest.mark.parametrize("build, rule, node", [(cycle_model, "graph-order", "'r1' (Relu)"),
+                                               (twice_model, "single-assignment", "'r2' (Neg)")])
+def test_structural_faults_are_refused_by_session_with_checks_rule(best, build, rule, node, tmp_path):
+    from onnx_quant.backend_wgpu.session import Session
+
+    model = build()
+    assert [(d.rule, d.node) for d in inference.check_model(model) if d.rule != "onnx.checker"] == [(rule, node)]
+    with pytest.raises(InferenceError) as e:
+        Session(model, device=best)
+    assert (e.value.rule, e.value.node) == (rule, node)
+    path = save(model, tmp_path / "bad.onnx")
+    code, lines = cli("run", str(path), "--random")
+    assert code == 1
+    one_error_line(lines, "run", f"{rule}: node {node}")
+    code, out = cli("check", str(path))
+    assert code == 1
+
+
+@pytest.mark.parametrize("depth", [MAX_SUBGRAPH_DEPTH + 1, 250])
+def test_nesting_bombs_are_bounded(best, depth, tmp_path):
+    from onnx_quant.backend_wgpu.session import Session
+
+    model = nested_if(depth)
+    for call in (inference.infer_shapes, lambda m: Session(m, device=best)):
+        with pytest.raises(InferenceError) as e:
+            call(model)
+        assert e.value.rule == "graph-depth" and e.value.node == "'if0' (If)"
+    rules = [d.rule for d in inference.check_model(model)]
+    assert "graph-depth" in rules
+
+
+def test_nesting_at_the_bound_still_infers():
+    out = inference.infer_shapes(nested_if(MAX_SUBGRAPH_DEPTH), strict=True)
+    assert out.graph.output[0].type.tensor_type.elem_type == F
+
+
+# ---------------------------------------------------------------- check: model facts
+
+
+def test_check_flags_negative_dims_and_unknown_opsets(tmp_path):
+    neg = relu_model((-5,))
+    assert [(d.rule, d.message) for d in inference.check_model(neg) if d.rule == "shape.negative-dim"] == [
+        ("shape.negative-dim", "input 'x' dim 0: expected a dim >= 0 (or a symbol), found -5"),
+        ("shape.negative-dim", "output 'y' dim 0: expected a dim >= 0 (or a symbol), found -5")]
+    newest = onnx.defs.onnx_opset_version()
+    bad = relu_model(opset=1000)
+    assert [d.rule for d in inference.check_model(bad)] == ["opset-import.version"]
+    assert inference.check_model(relu_model(opset=newest)) == []
+    code, _ = cli("check", str(save(bad, tmp_path / "o.onnx")))
+    assert code == 1
+
+
+def test_session_reads_external_data_of_bytes_only_from_base_dir(best, tmp_path, monkeypatch):
+    from onnx_quant.backend_wgpu.session import Session
+
+    path = external_model(tmp_path / "m", "secret.bin")
+    monkeypatch.chdir(tmp_path / "m")
+    with pytest.raises(ModelLoadError, match="tensor 'w'.*expected base_dir="):
+        Session(path.read_bytes(), device=best)
+    x = np.array([1, -2, 3, 0.5], dtype=np.float32)
+    (got,) = Session(path.read_bytes(), device=best, base_dir=tmp_path / "m").run(None, {"x": x})
+    assert got.tobytes() == (x + np.arange(4, dtype=np.float32)).tobytes()
+
+
+# ---------------------------------------------------------------- spec bombs
+
+SEED_SPEC = Path(__file__).resolve().parents[1] / "templates" / "dynamic_quantize_linear.kernel.json"
+
+
+def seed_spec(tmp_path: Path, edit) -> "object":
+    import json
+
+    from onnx_quant.backend_wgpu.spec import load_spec
+
+    doc = json.loads(SEED_SPEC.read_text())
+    edit(doc)
+    for v in doc["variants"]:
+        for p in v["passes"]:
+            (tmp_path / p["shader"]).write_text("// not rendered\n")
+    path = tmp_path / "k.kernel.json"
+    path.write_text(json.dumps(doc))
+    return load_spec(path)
+
+
+def plan_tiny(spec):
+    from onnx_quant.backend_wgpu.device_info import DeviceInfo
+    from onnx_quant.backend_wgpu.planner import plan_node
+
+    return plan_node(spec, shapes={"x": (4,), "y": (4,), "y_scale": (), "y_zero_point": ()},
+                     dtypes={"x": "float32", "y": "uint8", "y_scale": "float32", "y_zero_point": "uint8"},
+                     device=DeviceInfo(), node_label="dql0")
+
+
+def test_a_squaring_derive_chain_is_refused_quickly(tmp_path):
+    import time
+
+    from onnx_quant.backend_wgpu.expr import MAX_INT_BITS
+    from onnx_quant.errors import ExpressionError
+
+    def chain(doc):
+        doc["derive"]["b0"] = "7" * 4000  # a 4000-digit literal, within the length limit
+        for k in range(1, 40):
+            doc["derive"][f"b{k}"] = f"b{k - 1} * b{k - 1}"
+
+    spec = seed_spec(tmp_path, chain)
+    t0 = time.perf_counter()
+    with pytest.raises(ExpressionError, match=f"integer of 13288 bits .*expected at most {MAX_INT_BITS} bits"):
+        plan_tiny(spec)
+    assert time.perf_counter() - t0 < 5
+
+    def small_chain(doc):
+        doc["derive"]["b0"] = "3"
+        for k in range(1, 40):
+            doc["derive"][f"b{k}"] = f"b{k - 1} * b{k - 1}"
+
+    with pytest.raises(ExpressionError, match="bits .*expected at most 256 bits"):
+        plan_tiny(seed_spec(tmp_path, small_chain))
+
+
+def test_a_dispatch_far_beyond_the_tensor_is_refused_naming_the_node(tmp_path):
+    from onnx_quant.backend_wgpu.work_bounds import DispatchBoundError
+
+    def bomb(doc):
+        for v in doc["variants"]:
+            for p in v["passes"]:
+                p["dispatch"] = {"x": "65535", "y": "65535"}
+
+    with pytest.raises(DispatchBoundError, match=r"node 'dql0'.*dispatch \[65535, 65535, 1\].*expected at most"):
+        plan_tiny(seed_spec(tmp_path, bomb))
+    assert plan_tiny(seed_spec(tmp_path, lambda doc: None)).passes  # the seed spec itself plans
+
+
+# ---------------------------------------------------------------- memory budget
+
+
+def big_output_model(op: str) -> onnx.ModelProto:
+    """A tiny input, a node whose output inference sizes at 4-64 GiB."""
+    x = h.make_tensor_value_info("x", F, [2])
+    inits, nodes = [], []
+    if op == "ConstantOfShape":
+        inits.append(numpy_helper.from_array(np.array([2**30], dtype=np.int64), "shape"))
+        nodes.append(h.make_node("ConstantOfShape", ["shape"], ["big"], name="fill",
+                                 value=numpy_helper.from_array(np.array([1.5], dtype=np.float32))))
+    elif op == "Tile":
+        inits.append(numpy_helper.from_array(np.array([2**31], dtype=np.int64), "reps"))
+        nodes.append(h.make_node("Tile", ["x", "reps"], ["big"], name="tile"))
+    else:  # Expand
+        inits.append(numpy_helper.from_array(np.array([2**40, 2], dtype=np.int64), "shape"))
+        nodes.append(h.make_node("Expand", ["x", "shape"], ["big"], name="expand"))
+    g = h.make_graph(nodes, "g", [x], [h.make_tensor_value_info("big", F, None)], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("op, node, nbytes", [("ConstantOfShape", "fill", 4 * 2**30), ("Tile", "tile", 8 * 2**31),
+                                              ("Expand", "expand", 8 * 2**40)])
+def test_host_work_beyond_the_budget_is_refused_before_it_is_allocated(best, op, node, nbytes, tmp_path):
+    import time
+    import warnings
+
+    from onnx_quant.backend_wgpu.session import Session
+
+    model = big_output_model(op)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        s = Session(model, device=best, memory_budget="1G")
+        t0 = time.perf_counter()
+        with pytest.raises(BudgetError, match=f"node '{node}' .*needs {nbytes} bytes.*budget of {2**30} bytes"):
+            s.run(None, {"x": np.ones(2, dtype=np.float32)})
+    assert time.perf_counter() - t0 < 10
+    code, lines = cli("run", str(save(model, tmp_path / "m.onnx")), "--random", env={"ONNX_QUANT_MEMORY_BUDGET": "1G"})
+    assert code == 2
+    one_error_line(lines, "run", f"node '{node}'", f"needs {nbytes} bytes")
+
+
+@pytest.mark.parametrize("dim, needle", [(2**62, f"needs {4 * 2**62} bytes"), (-5, "expected dims >= 0, found -5")])
+def test_random_feeds_of_absurd_dims_are_a_clear_error(dim, needle, tmp_path):
+    path = save(relu_model((dim,)), tmp_path / "m.onnx")
+    code, lines = cli("run", str(path), "--random")
+    assert code == 2
+    one_error_line(lines, "run", "--random input 'x'", needle)
+
+
+def test_budget_setting_is_validated():
+    from onnx_quant.budget import parse_size, resolve
+
+    assert parse_size("512M") == 512 * 2**20 and parse_size("3g") == 3 * 2**30 and parse_size("4096") == 4096
+    assert resolve("2G").limit == 2 * 2**30
+    with pytest.raises(BudgetError, match="expected a byte count like 4096, 512M or 8G, found 'lots'"):
+        parse_size("lots")
+    with pytest.raises(BudgetError, match="expected a positive byte count, found 0"):
+        resolve(0)
