@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -382,12 +383,19 @@ class SessionStats:
     bytes_uploaded: int = 0
     bytes_read_back: int = 0
     host_nodes_run: int = 0
+    #: host time spent building and recording the runs' commands up to each submit's return
+    #: (not the wait for the device; not counted in profiled runs)
+    host_encode_us: float = 0.0
 
     def snapshot(self) -> dict[str, int]:
         return dict(self.__dict__)
 
     def as_dict(self) -> dict[str, int]:
         return self.snapshot()
+
+    def since(self, before: Mapping[str, Any]) -> dict[str, Any]:
+        """What moved since ``before`` (a ``snapshot()``): one run's figures."""
+        return {k: v - before.get(k, 0) for k, v in self.__dict__.items()}
 
     def __getitem__(self, key: str) -> int:
         return self.__dict__[key]
@@ -717,6 +725,7 @@ def run_graph(
         seg: Segment = step
         for name in seg.uploads:
             upload_root(name, host_values[name])
+        t_encode = time.perf_counter()
         entries = layout.get(seg.index, [])
         offsets = {root: (off, n) for root, off, n in entries}
         groups: list[tuple[GpuStep, list[tuple]]] = []
@@ -739,7 +748,10 @@ def run_graph(
         if profiler is not None:
             raw = profiler.run_segment(groups, read=read, read_size=read_size, label=label)
         else:
-            raw = device.submit([c for _, cmds in groups for c in cmds], read=read, read_size=read_size, label=label)
+            # submit, then map: the host's encoding cost is the time up to the submit's return
+            device.submit([c for _, cmds in groups for c in cmds], label=label)
+            stats.host_encode_us += (time.perf_counter() - t_encode) * 1e6
+            raw = device.read_staging(read, read_size) if read is not None else None
         stats.submits += 1
         if raw is None:
             continue

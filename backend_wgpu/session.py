@@ -286,6 +286,9 @@ class Session:
         self.stats = SessionStats()
         self._resources = SessionResources(self.device, self.stats)
         self._plans: "OrderedDict[tuple, GraphPlan]" = OrderedDict()
+        #: what the last ``run`` did (``SessionStats.since``): dispatches, submits, pipelines
+        #: compiled, buffers allocated, bytes uploaded / read back, host encode µs, ...
+        self.last_run_stats: dict[str, Any] = {}
         #: with ``profile=True``: per node device (or host-wall) times of every run, see profiling.py
         self.profiler = None
         if profile:
@@ -1059,6 +1062,7 @@ class Session:
             raise ExecutionError(f"device_outputs {sorted(keep - set(wanted))}: not among the outputs asked for "
                                  f"({wanted})")
         arrays = self._check_feeds(feeds)
+        before = self.stats.snapshot()
         gplan = self._plan_for({k: (a.dims if isinstance(a, DeviceValue) else tuple(a.shape)) for k, a in arrays.items()})
         constants = {**self._initializers, **self._constants}
         prepare_graph(self.device, gplan, self._resources, constants)
@@ -1068,6 +1072,7 @@ class Session:
         self.stats.runs += 1
         values, kept = run_graph(self.device, gplan, self._resources, arrays, host_values, self._run_host,
                                  wanted_roots, kept_roots=kept_roots, profiler=self.profiler)
+        self.last_run_stats = self.stats.since(before)
         result: list[Any] = []
         made: dict[str, DeviceValue] = {}
         for n in wanted:

@@ -155,6 +155,8 @@ def test_gpu_chain_one_submit_and_second_run_moves_no_counter(dev, reg):
     x2 = rand(500, seed=1)
     assert_same(s.run(None, {"x": x2}), reference(m, {"x": x2}))
     delta = {k: v - first[k] for k, v in s.stats.snapshot().items()}
+    assert s.last_run_stats == delta    # one run's figures, public
+    assert delta.pop("host_encode_us") > 0
     gplan = s._plans[next(iter(s._plans))]
     passes = sum(1 for seg in gplan.segments for st in seg.steps for p in st.plan.passes if min(p.dispatch) > 0)
     assert passes >= len(nodes)
