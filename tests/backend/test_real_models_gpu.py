@@ -13,7 +13,9 @@ definition says; for QDQ models DequantizeLinear -> float op -> QuantizeLinear l
 which is what this backend runs, instead of the fused integer kernels onnxruntime substitutes).
 
 - **Integer outputs**: within one quantization step of both (a requantization that lands on
-  a rounding boundary may round either way between two correct implementations).
+  a rounding boundary may round either way between two correct implementations), and at most
+  ``MAX_ONE_STEP_SHARE`` of the elements one step off unoptimized onnxruntime (measured: none);
+  the same share bound holds for the per-tensor float outputs below.
 - **Float outputs of a per-tensor DequantizeLinear** (QOperator and QDQ models end in one),
   measured in steps of its scale: within one step of unoptimized onnxruntime, and, element
   by element, within one step more than optimized onnxruntime differs from unoptimized
@@ -47,6 +49,11 @@ import pytest
 from onnx_quant import model_zoo
 
 DYNAMIC_RTOL = 1e-4
+#: the share of an output's elements that may be one step off unoptimized onnxruntime (rounded
+#: down: none on these small outputs). Measured: 0 on every model that is compared in steps.
+#: Without it a one-step slack on every element would hide a systematic rounding bug (a tie
+#: rounded up instead of to even moves many elements by exactly one step).
+MAX_ONE_STEP_SHARE = 0.02
 
 #: tiny models: (builder kwargs, run dims); the calibration dims are model_zoo.CALIBRATION_DIMS
 MODELS = {
@@ -110,6 +117,7 @@ def compare(model, name: str, got: np.ndarray, exp: np.ndarray, exp_noopt: np.nd
     if got.dtype.kind in "iu":
         worst = max(diff.max(initial=0), diff0.max(initial=0))
         assert worst <= 1, f"{name}: {worst:g} quantization steps off"
+        _assert_few_one_step(name, diff0 > 0)
         return f"{name}: max {worst:g} steps"
     step = output_step(model, name)
     if step is not None:
@@ -117,6 +125,7 @@ def compare(model, name: str, got: np.ndarray, exp: np.ndarray, exp_noopt: np.nd
         eps = 1e-3  # the steps are float quotients
         assert s0.max(initial=0) <= 1 + eps, \
             f"{name}: {s0.max():.3g} steps of {step:.4g} from unoptimized onnxruntime"
+        _assert_few_one_step(name, s0 > eps)
         beyond = s > s_self + 1 + eps
         assert not beyond.any(), \
             (f"{name}: {int(beyond.sum())} values more than one step (of {step:.4g}) further from optimized "
@@ -127,6 +136,13 @@ def compare(model, name: str, got: np.ndarray, exp: np.ndarray, exp_noopt: np.nd
     worst = max(diff.max(initial=0), diff0.max(initial=0))
     assert worst <= DYNAMIC_RTOL * ref + 1e-7, f"{name}: max |diff| {worst:.3g}, max |expected| {ref:.3g}"
     return f"{name}: max |diff| {worst:.3g} ({worst / max(ref, 1e-30):.2g} of max |expected| {ref:.3g})"
+
+
+def _assert_few_one_step(name: str, off: np.ndarray) -> None:
+    allowed = int(MAX_ONE_STEP_SHARE * off.size)
+    assert int(off.sum()) <= allowed, \
+        (f"{name}: {int(off.sum())} of {off.size} elements one step off unoptimized onnxruntime "
+         f"(at most {allowed}: {MAX_ONE_STEP_SHARE:.0%})")
 
 
 def run_on_gpu(model, device, feeds_list):
