@@ -828,8 +828,11 @@ class _Pass:
                 typed_by[v.name] = SOURCE_INPUT
                 continue
             declared = self.from_type_proto(v.type)
-            if v.name in values and typed_by.get(v.name) == SOURCE_INITIALIZER and not declared.is_typed:
-                continue  # keep what the initializer says
+            if v.name in values and typed_by.get(v.name) == SOURCE_INITIALIZER:
+                if not declared.is_typed:
+                    continue  # keep what the initializer says
+            elif declared.shape is not None and None in declared.shape:
+                declared = TensorInfo(declared.elem_type, _named_dims(v.name, declared.shape))
             values[v.name] = declared
             typed_by[v.name] = SOURCE_INPUT
         if input_shapes:
@@ -1083,7 +1086,7 @@ class _Pass:
             outs.append((info, rec[1]))
             g.typed_by[name] = described
         # memoize a clean result (no diagnostics, tensor outputs only) on what the rule read
-        if key is not None and ok and len(self.diagnostics) == diag_mark \
+        if key is not None and ok and len(self.diagnostics) == diag_mark and not n.fresh \
                 and not any(name and name in scope.other for name in node.output):
             self._memoize(g, node, entry, key, tuple(outs), log)
         log.clear()
@@ -1342,12 +1345,13 @@ class _Pass:
         for d in tt.shape.dim:
             which = d.WhichOneof("value")
             if which == "dim_value":
-                shape.append(int(d.dim_value))
+                value = int(d.dim_value)
+                shape.append(value if value >= 0 else None)  # exporters write -1 for "unknown"
             elif which == "dim_param":
                 text = d.dim_param
                 p = parsed.get(text)
                 if p is None and text not in parsed:
-                    p = parsed[text] = dims.parse(text)
+                    p = parsed[text] = dims.parse_dim_param(text)
                 shape.append(p)
             else:
                 shape.append(None)
@@ -1412,7 +1416,9 @@ class _Pass:
     # -- declared types
     def _merge_declared(self, g: _Graph, n: NodeContext, name: str, inferred: TensorInfo) -> None:
         declared, is_output = g.declared[name]
-        merged, conflict = merge_info(declared, inferred, prefer_declared_symbols=is_output)
+        # only the main graph's output names are the model's contract; a body output's declared
+        # symbols are usually another pass's placeholders (onnx's unk__N), the expression wins
+        merged, conflict = merge_info(declared, inferred, prefer_declared_symbols=is_output and g.top)
         if conflict:
             kind = "graph output" if is_output else "value_info"
             err = n.error("output-type" if is_output else "value-info",
@@ -1626,15 +1632,13 @@ def _subgraph_references(node: onnx.NodeProto) -> set[str]:
     return names
 
 
-_IDENT = re.compile(r"\W")
+symbol_for = dims.named_symbol  # subgraphs.py names merged and iteration dims with it
 
 
-def symbol_for(base: str, suffix: str) -> dims.Dim:
-    """A fresh symbolic dim named after a value (``loop_out`` + ``dim1`` -> ``loop_out_dim1``)."""
-    text = _IDENT.sub("_", base) or "value"
-    if text[0].isdigit():
-        text = "v_" + text
-    return dims.Dim.symbol(f"{text}_{suffix}")
+def _named_dims(input_name: str, shape: tuple) -> tuple:
+    """A graph input's shape with each anonymous dim (no value, ``?``, ``-1``) a fresh symbol
+    ``<input>_dim<axis>``: distinct dims stay distinct, and the name says where each comes from."""
+    return tuple(symbol_for(input_name, f"dim{axis}") if d is None else d for axis, d in enumerate(shape))
 
 
 # ------------------------------------------------------------------ folding

@@ -36,6 +36,8 @@ class NodeContext:
     version: int
     opset: int
     _attrs: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+    #: set by :meth:`fresh_dim`: the outputs carry symbols of this node's own
+    fresh: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._attrs = {a.name: a for a in self.node.attribute}
@@ -72,6 +74,14 @@ class NodeContext:
 
     def output_name(self, i: int) -> str:
         return self.node.output[i] if i < len(self.node.output) else ""
+
+    def fresh_dim(self, i: int, axis: int):
+        """A new symbol for a data-dependent dim (NonZero's count, TopK with an unknown K):
+        ``<output i>_dim<axis>``. The node's result then names the node, so it is not memoized."""
+        from onnx_quant.inference import dims
+
+        self.fresh = True
+        return dims.named_symbol(self.output_name(i) or self.node.name or self.node.op_type, f"dim{axis}")
 
     def set_output(self, i: int, info: TensorInfo) -> None:
         name = self.output_name(i)
