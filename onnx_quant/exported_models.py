@@ -253,19 +253,22 @@ def vad_state(*, frame: int = 16, hidden: int = 8, seed: int = 0) -> onnx.ModelP
     """``audio [batch, samples], state [2, batch, hidden] -> probs [frames, batch, 1], state_out``.
 
     An ``If`` on ``state.shape[0] == 2`` (folds when the state's leading dim is known) picks the
-    frame layout; a ``Loop`` with ``M = frames`` runs a tanh cell per frame, carrying the state."""
+    frame size (the else branch's half-size frames would not fit the weights); a ``Loop`` with ``M = frames`` runs a tanh cell per frame, carrying the state."""
     b = _Builder(seed)
     batch = b.shape_item("audio", 0)
-    frames_shape = b.node("Concat", [b.unsqueeze0(batch), b.ints(-1), b.ints(frame)], axis=0)
     cond = b.node("Equal", [b.shape_item("state", 0), b.scalar(2)])
 
-    def branch(name: str, perm: list[int]) -> onnx.GraphProto:
+    def branch(name: str, size: int) -> onnx.GraphProto:
+        """Frames of ``size`` samples: ``[frames, batch, size]``."""
         out = f"{name}_frames"
+        frames_shape = b.node("Concat", [b.unsqueeze0(batch), b.ints(-1), b.ints(size)], axis=0)
         nodes = [helper.make_node("Reshape", ["audio", frames_shape], [f"{name}_r"], name=f"{name}_reshape"),
-                 helper.make_node("Transpose", [f"{name}_r"], [out], name=f"{name}_transpose", perm=perm)]
+                 helper.make_node("Transpose", [f"{name}_r"], [out], name=f"{name}_transpose", perm=[1, 0, 2])]
         return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(out, F, None)])
 
-    frames = b.node("If", [cond], then_branch=branch("then", [1, 0, 2]), else_branch=branch("else", [1, 0, 2]))
+    # the else branch (a state of another layout) frames differently: only a folded condition
+    # tells which shape the Loop sees
+    frames = b.node("If", [cond], then_branch=branch("then", frame), else_branch=branch("else", frame // 2))
     trips = b.node("Gather", [b.node("Shape", [frames]), b.scalar(0)], axis=0)   # frames count
     w_in = b.weight("w_in", (frame, hidden), frame)
     w_state = b.weight("w_state", (hidden, hidden), hidden)

@@ -143,3 +143,33 @@ def test_where_onnxruntime_symbolic_inference_knows_a_dim_we_agree(models, case)
         assert "qoperator" in case or "dynamic" in case, "onnxruntime's pass fails on a float/QDQ model"
         return
     assert _int_dims_agree(inference.infer_values(model, strict=True), theirs) > 0
+
+
+def _by_op(model: onnx.ModelProto, op: str) -> list[str]:
+    return [n.output[0] for n in model.graph.node if n.op_type == op]
+
+
+def test_exporter_shape_subgraphs_resolve_to_expressions(models):
+    """The idioms themselves, on the float models: Range over Cast(Div(W, 2)), computed-size and
+    constant-scale Resize, TopK with K = Min(boxes, 8), a Loop whose trip count is a Shape value
+    behind an If whose condition folds, anonymous '?' dims kept apart."""
+    p = dims.parse
+    yolo = models["yolo_head-float"]
+    v = inference.infer_values(_undeclared(yolo), strict=True)
+    half_h, half_w = p("floor(height / 2)"), p("floor(width / 2)")
+    assert [v[r].shape for r in _by_op(yolo, "Range")] == [(half_h,), (half_w,)] * 2
+    assert [v[r].shape for r in _by_op(yolo, "Resize")] == [(p("batch"), 8, p("2*floor(height / 2)"), p("2*floor(width / 2)")),
+                                                          (p("batch"), 8, half_h, half_w)]
+    boxes = p("4*floor(height / 2)*floor(width / 2)")
+    assert v["dets"].shape == (p("batch"), boxes, 8)
+    assert v["top_values"].shape == (p("batch"), dims.neg(dims.maximum(dims.neg(boxes), -8)))
+    assert v["keep"].shape == (2, p("keep_dim1"))
+    vad = models["vad_state-float"]
+    v = inference.infer_values(_undeclared(vad), strict=True)
+    assert v["probs"].shape == (p("floor(samples / 16)"), p("batch"), 1)
+    assert v["state_out"].shape == (2, p("batch"), 8)
+    mobilenet = models["mobilenet_v3-qdq"]
+    v = inference.infer_values(_undeclared(mobilenet), strict=True)
+    assert v["x"].shape == (p("x_dim0"), 3, p("x_dim2"), p("x_dim3"))
+    first_conv = next(n for n in mobilenet.graph.node if n.op_type == "Conv").output[0]
+    assert v[first_conv].shape[2:] == (p("floor((x_dim2 + 1) / 2)"), p("floor((x_dim3 + 1) / 2)"))
