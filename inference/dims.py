@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Union
 
 from onnx import TensorShapeProto
@@ -315,8 +315,10 @@ def named_symbol(base: str, suffix: str) -> Dim:
     return Dim.symbol(f"{text}_{suffix}")
 
 
+@lru_cache(maxsize=4096)
 def parse_dim_param(text: str) -> DimLike:
-    """A ``dim_param`` as a dim: unknown when anonymous (``?``, ``-1``, ``None``), else :func:`parse`."""
+    """A ``dim_param`` as a dim: unknown when anonymous (``?``, ``-1``, ``None``), else :func:`parse`.
+    Cached per process: dims are immutable, and ``ast.parse`` costs tens of µs a text."""
     return None if is_anonymous(text) else parse(text)
 
 

@@ -944,23 +944,13 @@ class _Pass:
             e = _Entry(_K_CONSTANT, domain, op, opset)
             e.version = registry.schema_version("", "Constant", opset)
         else:
-            from onnx_quant.inference import subgraphs
-
-            e = _Entry(_K_UNKNOWN, domain, op, opset)
-            schema, required, variadic = _schema_facts(domain, op, opset)
-            handler = subgraphs.HANDLERS.get(op) if domain == "" and schema is not None else None
-            if handler is not None and subgraphs.handles(op, schema.since_version):
-                e.kind, e.handler, e.version = _K_CONTROL, handler, schema.since_version
-            else:
-                found = registry.lookup(domain, op, opset)
-                if found is not None:
-                    e.kind, (e.rule, e.version) = _K_RULE, found
-                elif schema is not None:
-                    e.kind, e.version = _K_FALLBACK, schema.since_version
-                elif function is not None:
-                    e.kind = _K_FUNCTION
-            if schema is not None and e.kind in (_K_CONTROL, _K_RULE, _K_FALLBACK):
-                e.schema, e.required, e.variadic = schema, required, variadic
+            kind, handler, rule, version, facts = _dispatch_facts(domain, op, opset, registry.generation, registry.lookup)
+            if kind == _K_UNKNOWN and function is not None:
+                kind = _K_FUNCTION
+            e = _Entry(kind, domain, op, opset)
+            e.handler, e.rule, e.version = handler, rule, version
+            if facts is not None:
+                e.schema, e.required, e.variadic = facts
         if e.kind == _K_FUNCTION:
             e.function = function
         source = {_K_RULE: SOURCE_RULE, _K_CONTROL: SOURCE_RULE, _K_FALLBACK: SOURCE_FALLBACK,
@@ -1477,6 +1467,29 @@ class _Pass:
 
 
 # ------------------------------------------------------------------ helpers
+@lru_cache(maxsize=None)
+def _dispatch_facts(domain: str, op: str, opset: int, generation: int, lookup) -> tuple:
+    """(kind, control-flow handler, rule, version, (schema, required, variadic) or None): what
+    serves ``op`` under ``opset``, decided once per process and registry state (its
+    ``generation`` and ``lookup``, which tests replace) rather than once per pass. A model-local
+    function is the caller's to add (it is per model)."""
+    from onnx_quant.inference import subgraphs
+
+    schema, required, variadic = _schema_facts(domain, op, opset)
+    kind, handler, rule, version = _K_UNKNOWN, None, None, None
+    control = subgraphs.HANDLERS.get(op) if domain == "" and schema is not None else None
+    if control is not None and subgraphs.handles(op, schema.since_version):
+        kind, handler, version = _K_CONTROL, control, schema.since_version
+    else:
+        found = lookup(domain, op, opset)
+        if found is not None:
+            kind, (rule, version) = _K_RULE, found
+        elif schema is not None:
+            kind, version = _K_FALLBACK, schema.since_version
+    facts = (schema, required, variadic) if schema is not None and kind != _K_UNKNOWN else None
+    return kind, handler, rule, version, facts
+
+
 @lru_cache(maxsize=None)
 def _schema_facts(domain: str, op_type: str, opset: int) -> tuple[Any, tuple, tuple | None]:
     """(the onnx.defs schema serving ``opset``, or None; its required inputs; its variadic

@@ -112,12 +112,16 @@ class NodeContext:
 Rule = Callable[[ShapesContext, NodeContext], None]
 
 _RULES: dict[tuple[str, str], dict[int, Rule]] = {}
+#: bumped by every registration, so that caches of what serves an op (the engine's) go stale
+generation = 0
 
 
 def register(op_type: str, *since_versions: int, domain: str = "") -> Callable[[Rule], Rule]:
     """Register ``rule`` for op_type at each listed since_version."""
 
     def deco(fn: Rule) -> Rule:
+        global generation
+        generation += 1
         table = _RULES.setdefault((normalize_domain(domain), op_type), {})
         for v in since_versions:
             if v in table:
