@@ -54,6 +54,7 @@ from onnx_quant.backend_wgpu.packing import device_nbytes
 from onnx_quant.dtypes import element_type, type_name
 from onnx_quant.errors import ExecutionError, HostFallbackWarning, QuantError
 from onnx_quant.budget import resolve as resolve_budget
+from onnx_quant.inference.dims import is_anonymous
 from onnx_quant.model_io import initializer_arrays, load_model
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -624,10 +625,11 @@ class Session:
                     raise ExecutionError(f"input {name!r}: expected rank {len(dims)} {dims}, found rank {arr.ndim} "
                                          f"{list(arr.shape)}")
                 for axis, (d, n) in enumerate(zip(dims, arr.shape)):
-                    if isinstance(d, int) and d != n:
+                    # a declared -1 and an anonymous dim_param ('?', '-1', 'None') are free, each on its own
+                    if isinstance(d, int) and d >= 0 and d != n:
                         raise ExecutionError(f"input {name!r}: dim {axis} must be {d}, found {n} "
                                              f"(shape {list(arr.shape)})")
-                    if isinstance(d, str):
+                    if isinstance(d, str) and not is_anonymous(d):
                         seen = symbols.get(d)
                         if seen is not None and seen[0] != n:
                             where = (f"input {seen[1]!r} dim {seen[2]}" if seen[1] != name else f"dim {seen[2]}")

@@ -3,10 +3,13 @@ symbolic shape inference, on quantized models of about 1k to 8k nodes.
 
     python benchmarks/bench_inference.py [--sizes 1000,2000,4000,8000] [--repeat 5]
                                          [--models cnn-qdq,mlp-dynamic,...] [--json]
+    python benchmarks/bench_inference.py --exported [--order rounds]   # real architectures
 
 Models come from ``onnx_quant.model_zoo``: float models with a symbolic batch (and H, W for
 the CNN) quantized by ``onnxruntime.quantization`` with three blocks, then stamped out to
-the size (``model_zoo.sized``). Every tool gets the same ``ModelProto`` (without
+the size (``model_zoo.sized``); with ``--exported``, the real-architecture models of
+``onnx_quant.exported_models`` (YOLO head, MobileNetV3, transformer, CRNN, If/Loop state model;
+float, QOperator, QDQ, dynamic), each at its own size, not repeated blocks. Every tool gets the same ``ModelProto`` (without
 ``value_info``) and returns a model with the values typed; each is timed in one process,
 median of ``--repeat`` runs (onnxruntime's, the slowest, ``--ort-repeat``).
 All three are single-threaded, so the default clock is the process's CPU time, which a busy
@@ -45,7 +48,7 @@ from pathlib import Path
 import onnx
 import onnxruntime
 
-from onnx_quant import inference
+from onnx_quant import exported_models, inference
 from onnx_quant import model_zoo
 
 #: name -> (family, format, per_channel, builder arguments): realistic widths, small enough
@@ -56,6 +59,17 @@ MODELS = {
     "mlp-dynamic": ("mlp", "dynamic", False, {"features": 256, "hidden": 256}),
     "transformer-qdq": ("transformer", "qdq", True, {"d_model": 256, "heads": 4, "ffn": 1024}),  # BERT-mini widths
 }
+#: real-architecture models (``onnx_quant.exported_models``), each at its own size: exported:<model>-<form>
+EXPORTED = [f"exported:{name}-{form}" for name in exported_models.MODELS for form in exported_models.FORMS]
+
+
+def build(name: str, nodes: int) -> onnx.ModelProto:
+    """A zoo model stamped out to about ``nodes`` nodes, or an exported model (its own size)."""
+    if name in MODELS:
+        family, fmt, per_channel, kw = MODELS[name]
+        return model_zoo.sized(family, fmt, nodes, per_channel=per_channel, **kw)
+    model, form = name.removeprefix("exported:").rsplit("-", 1)
+    return exported_models.build(model, form)
 
 
 def ours(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -139,8 +153,7 @@ TOOLS = (("copy", copy_model), ("reads", python_reads), ("ours", ours), ("onnx",
 
 
 def measure(name: str, nodes: int, repeat: int, ort_repeat: int, order: str = "series") -> dict:
-    family, fmt, per_channel, kw = MODELS[name]
-    model = model_zoo.sized(family, fmt, nodes, per_channel=per_channel, **kw)
+    model = build(name, nodes)
     outputs = {o for n in model.graph.node for o in n.output if o}
     row = {"model": name, "nodes": len(model.graph.node), "values": len(outputs),
            "bytes": model.ByteSize()}
@@ -243,7 +256,10 @@ def plot(rows: list[dict], path: str, order: str) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="1000,2000,4000,8000", help="comma-separated node counts")
-    p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
+    p.add_argument("--models", default=",".join(MODELS),
+                   help=f"comma-separated, of {', '.join(MODELS)} and the exported models exported:<model>-<form> "
+                        f"({', '.join(exported_models.MODELS)}; {', '.join(exported_models.FORMS)})")
+    p.add_argument("--exported", action="store_true", help="every exported model instead of --models (--sizes unused)")
     p.add_argument("--repeat", type=int, default=5, help="runs of ours and onnx's per model (median)")
     p.add_argument("--ort-repeat", type=int, default=3, help="runs of onnxruntime's per model (median)")
     p.add_argument("--clock", choices=sorted(CLOCKS), default="cpu", help="process CPU time (default) or wall time")
@@ -258,8 +274,8 @@ def main(argv=None) -> int:
     logging.getLogger("onnxruntime").setLevel(logging.CRITICAL)
     try:
         sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
-        names = [m.strip() for m in args.models.split(",") if m.strip()]
-        unknown = [m for m in names if m not in MODELS]
+        names = EXPORTED if args.exported else [m.strip() for m in args.models.split(",") if m.strip()]
+        unknown = [m for m in names if m not in MODELS and m not in EXPORTED]
         if unknown or not sizes or any(s <= 0 for s in sizes):
             raise ValueError(f"unknown model {unknown[0]!r}" if unknown else "sizes must be positive ints")
     except ValueError as e:
@@ -267,7 +283,7 @@ def main(argv=None) -> int:
         return 2
     rows = []
     for name in names:
-        for size in sizes:
+        for size in sizes if name in MODELS else sizes[:1]:  # an exported model has one size
             row = measure(name, size, args.repeat, args.ort_repeat, args.order)
             rows.append(row)
             if not args.json:

@@ -11,8 +11,9 @@ Dims are written back to ONNX as ``dim_value`` (ints) or ``dim_param`` (``to_tex
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Union
 
 from onnx import TensorShapeProto
@@ -292,6 +293,35 @@ def to_text(d: DimLike) -> str:
 _ALLOWED_CALLS = {"floor", "max"}
 
 
+#: dim_param texts exporters write for "unknown" (paddle2onnx ``?``; ``-1`` and ``None`` from
+#: shape lists printed as text): not names, so two of them are not the same dim
+ANONYMOUS_TEXTS = frozenset({"", "?", "-1", "None"})
+
+
+def is_anonymous(text: str) -> bool:
+    """Whether a dim_param text names no dim (see :data:`ANONYMOUS_TEXTS`)."""
+    return text.strip() in ANONYMOUS_TEXTS
+
+
+_NOT_IDENT = re.compile(r"\W")
+
+
+def named_symbol(base: str, suffix: str) -> Dim:
+    """A fresh symbol named after a value: ``named_symbol("loop_out", "dim1")`` is ``loop_out_dim1``
+    (characters that cannot be in an identifier become ``_``)."""
+    text = _NOT_IDENT.sub("_", base) or "value"
+    if text[0].isdigit():
+        text = "v_" + text
+    return Dim.symbol(f"{text}_{suffix}")
+
+
+@lru_cache(maxsize=4096)
+def parse_dim_param(text: str) -> DimLike:
+    """A ``dim_param`` as a dim: unknown when anonymous (``?``, ``-1``, ``None``), else :func:`parse`.
+    Cached per process: dims are immutable, and ``ast.parse`` costs tens of µs a text."""
+    return None if is_anonymous(text) else parse(text)
+
+
 def parse(text: str) -> DimLike:
     """Read a dim_param: a symbol name or an expression written by ``to_text``.
 
@@ -340,9 +370,10 @@ def _from_ast(node) -> DimLike:
 def from_proto(dim: TensorShapeProto.Dimension) -> DimLike:
     which = dim.WhichOneof("value")
     if which == "dim_value":
-        return int(dim.dim_value)
+        value = int(dim.dim_value)
+        return value if value >= 0 else None  # exporters write -1 for "unknown"
     if which == "dim_param":
-        return parse(dim.dim_param)
+        return parse_dim_param(dim.dim_param)
     return None
 
 

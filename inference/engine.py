@@ -862,8 +862,11 @@ class _Pass:
                 typed_by[v.name] = SOURCE_INPUT
                 continue
             declared = self.from_type_proto(v.type)
-            if v.name in values and typed_by.get(v.name) == SOURCE_INITIALIZER and not declared.is_typed:
-                continue  # keep what the initializer says
+            if v.name in values and typed_by.get(v.name) == SOURCE_INITIALIZER:
+                if not declared.is_typed:
+                    continue  # keep what the initializer says
+            elif declared.shape is not None and None in declared.shape:
+                declared = TensorInfo(declared.elem_type, _named_dims(v.name, declared.shape))
             values[v.name] = declared
             typed_by[v.name] = SOURCE_INPUT
         if input_shapes:
@@ -975,23 +978,13 @@ class _Pass:
             e = _Entry(_K_CONSTANT, domain, op, opset)
             e.version = registry.schema_version("", "Constant", opset)
         else:
-            from onnx_quant.inference import subgraphs
-
-            e = _Entry(_K_UNKNOWN, domain, op, opset)
-            schema, required, variadic = _schema_facts(domain, op, opset)
-            handler = subgraphs.HANDLERS.get(op) if domain == "" and schema is not None else None
-            if handler is not None and subgraphs.handles(op, schema.since_version):
-                e.kind, e.handler, e.version = _K_CONTROL, handler, schema.since_version
-            else:
-                found = registry.lookup(domain, op, opset)
-                if found is not None:
-                    e.kind, (e.rule, e.version) = _K_RULE, found
-                elif schema is not None:
-                    e.kind, e.version = _K_FALLBACK, schema.since_version
-                elif function is not None:
-                    e.kind = _K_FUNCTION
-            if schema is not None and e.kind in (_K_CONTROL, _K_RULE, _K_FALLBACK):
-                e.schema, e.required, e.variadic = schema, required, variadic
+            kind, handler, rule, version, facts = _dispatch_facts(domain, op, opset, registry.generation, registry.lookup)
+            if kind == _K_UNKNOWN and function is not None:
+                kind = _K_FUNCTION
+            e = _Entry(kind, domain, op, opset)
+            e.handler, e.rule, e.version = handler, rule, version
+            if facts is not None:
+                e.schema, e.required, e.variadic = facts
         if e.kind == _K_FUNCTION:
             e.function = function
         source = {_K_RULE: SOURCE_RULE, _K_CONTROL: SOURCE_RULE, _K_FALLBACK: SOURCE_FALLBACK,
@@ -1117,7 +1110,7 @@ class _Pass:
             outs.append((info, rec[1]))
             g.typed_by[name] = described
         # memoize a clean result (no diagnostics, tensor outputs only) on what the rule read
-        if key is not None and ok and len(self.diagnostics) == diag_mark \
+        if key is not None and ok and len(self.diagnostics) == diag_mark and not n.fresh \
                 and not any(name and name in scope.other for name in node.output):
             self._memoize(g, node, entry, key, tuple(outs), log)
         log.clear()
@@ -1376,12 +1369,13 @@ class _Pass:
         for d in tt.shape.dim:
             which = d.WhichOneof("value")
             if which == "dim_value":
-                shape.append(int(d.dim_value))
+                value = int(d.dim_value)
+                shape.append(value if value >= 0 else None)  # exporters write -1 for "unknown"
             elif which == "dim_param":
                 text = d.dim_param
                 p = parsed.get(text)
                 if p is None and text not in parsed:
-                    p = parsed[text] = dims.parse(text)
+                    p = parsed[text] = dims.parse_dim_param(text)
                 shape.append(p)
             else:
                 shape.append(None)
@@ -1446,7 +1440,9 @@ class _Pass:
     # -- declared types
     def _merge_declared(self, g: _Graph, n: NodeContext, name: str, inferred: TensorInfo) -> None:
         declared, is_output = g.declared[name]
-        merged, conflict = merge_info(declared, inferred, prefer_declared_symbols=is_output)
+        # only the main graph's output names are the model's contract; a body output's declared
+        # symbols are usually another pass's placeholders (onnx's unk__N), the expression wins
+        merged, conflict = merge_info(declared, inferred, prefer_declared_symbols=is_output and g.top)
         if conflict:
             kind = "graph output" if is_output else "value_info"
             err = n.error("output-type" if is_output else "value-info",
@@ -1505,6 +1501,29 @@ class _Pass:
 
 
 # ------------------------------------------------------------------ helpers
+@lru_cache(maxsize=None)
+def _dispatch_facts(domain: str, op: str, opset: int, generation: int, lookup) -> tuple:
+    """(kind, control-flow handler, rule, version, (schema, required, variadic) or None): what
+    serves ``op`` under ``opset``, decided once per process and registry state (its
+    ``generation`` and ``lookup``, which tests replace) rather than once per pass. A model-local
+    function is the caller's to add (it is per model)."""
+    from onnx_quant.inference import subgraphs
+
+    schema, required, variadic = _schema_facts(domain, op, opset)
+    kind, handler, rule, version = _K_UNKNOWN, None, None, None
+    control = subgraphs.HANDLERS.get(op) if domain == "" and schema is not None else None
+    if control is not None and subgraphs.handles(op, schema.since_version):
+        kind, handler, version = _K_CONTROL, control, schema.since_version
+    else:
+        found = lookup(domain, op, opset)
+        if found is not None:
+            kind, (rule, version) = _K_RULE, found
+        elif schema is not None:
+            kind, version = _K_FALLBACK, schema.since_version
+    facts = (schema, required, variadic) if schema is not None and kind != _K_UNKNOWN else None
+    return kind, handler, rule, version, facts
+
+
 @lru_cache(maxsize=None)
 def _schema_facts(domain: str, op_type: str, opset: int) -> tuple[Any, tuple, tuple | None]:
     """(the onnx.defs schema serving ``opset``, or None; its required inputs; its variadic
@@ -1660,15 +1679,13 @@ def _subgraph_references(node: onnx.NodeProto) -> set[str]:
     return names
 
 
-_IDENT = re.compile(r"\W")
+symbol_for = dims.named_symbol  # subgraphs.py names merged and iteration dims with it
 
 
-def symbol_for(base: str, suffix: str) -> dims.Dim:
-    """A fresh symbolic dim named after a value (``loop_out`` + ``dim1`` -> ``loop_out_dim1``)."""
-    text = _IDENT.sub("_", base) or "value"
-    if text[0].isdigit():
-        text = "v_" + text
-    return dims.Dim.symbol(f"{text}_{suffix}")
+def _named_dims(input_name: str, shape: tuple) -> tuple:
+    """A graph input's shape with each anonymous dim (no value, ``?``, ``-1``) a fresh symbol
+    ``<input>_dim<axis>``: distinct dims stay distinct, and the name says where each comes from."""
+    return tuple(symbol_for(input_name, f"dim{axis}") if d is None else d for axis, d in enumerate(shape))
 
 
 # ------------------------------------------------------------------ folding

@@ -36,6 +36,8 @@ class NodeContext:
     version: int
     opset: int
     _attrs: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+    #: set by :meth:`fresh_dim`: the outputs carry symbols of this node's own
+    fresh: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._attrs = {a.name: a for a in self.node.attribute}
@@ -73,6 +75,14 @@ class NodeContext:
     def output_name(self, i: int) -> str:
         return self.node.output[i] if i < len(self.node.output) else ""
 
+    def fresh_dim(self, i: int, axis: int):
+        """A new symbol for a data-dependent dim (NonZero's count, TopK with an unknown K):
+        ``<output i>_dim<axis>``. The node's result then names the node, so it is not memoized."""
+        from onnx_quant.inference import dims
+
+        self.fresh = True
+        return dims.named_symbol(self.output_name(i) or self.node.name or self.node.op_type, f"dim{axis}")
+
     def set_output(self, i: int, info: TensorInfo) -> None:
         name = self.output_name(i)
         if name:
@@ -102,12 +112,16 @@ class NodeContext:
 Rule = Callable[[ShapesContext, NodeContext], None]
 
 _RULES: dict[tuple[str, str], dict[int, Rule]] = {}
+#: bumped by every registration, so that caches of what serves an op (the engine's) go stale
+generation = 0
 
 
 def register(op_type: str, *since_versions: int, domain: str = "") -> Callable[[Rule], Rule]:
     """Register ``rule`` for op_type at each listed since_version."""
 
     def deco(fn: Rule) -> Rule:
+        global generation
+        generation += 1
         table = _RULES.setdefault((normalize_domain(domain), op_type), {})
         for v in since_versions:
             if v in table:

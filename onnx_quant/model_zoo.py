@@ -288,23 +288,31 @@ def quantize(model: onnx.ModelProto, fmt: str, *, per_channel: bool = False,
     int; every symbolic input dim needs one). The result has the float model's symbolic
     graph inputs and outputs and no ``value_info``.
     """
+    bindings = dict(bindings or {})
+    calibration = [] if fmt == "dynamic" else [random_feeds(model, bindings, seed=seed + i) for i in range(samples)]
+    return run_quantizer(model, fix_dims(model, bindings), calibration, fmt, per_channel=per_channel)
+
+
+def run_quantizer(model: onnx.ModelProto, fixed: onnx.ModelProto, calibration: Sequence[dict[str, np.ndarray]],
+                  fmt: str, *, per_channel: bool = False) -> onnx.ModelProto:
+    """The one call into ``onnxruntime.quantization`` (this module's models and
+    :mod:`onnx_quant.exported_models`'): ``fixed`` is ``model`` with concrete input dims, what
+    static calibration on the ``calibration`` feeds needs; ``quantize_dynamic`` takes ``model``
+    itself. The result gets ``model``'s graph inputs and outputs back (:func:`restore_interface`)."""
     from onnxruntime.quantization import (QuantFormat, QuantType, quantize_dynamic,
                                           quantize_static)
 
     if fmt not in FORMATS:
         raise ValueError(f"unknown quantization format {fmt!r}: expected one of {', '.join(FORMATS)}")
-    bindings = dict(bindings or {})
     with tempfile.TemporaryDirectory(prefix="onnx-quant-zoo-") as tmp:
         src, dst = os.path.join(tmp, "float.onnx"), os.path.join(tmp, "quant.onnx")
         if fmt == "dynamic":
             onnx.save(model, src)
             quantize_dynamic(src, dst, per_channel=per_channel, weight_type=QuantType.QInt8)
         else:
-            fixed = fix_dims(model, bindings)
             onnx.save(fixed, src)
-            feeds = [random_feeds(model, bindings, seed=seed + i) for i in range(samples)]
             quantize_static(
-                src, dst, _reader(feeds),
+                src, dst, _reader(calibration),
                 quant_format=QuantFormat.QOperator if fmt == "qoperator" else QuantFormat.QDQ,
                 per_channel=per_channel, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                 calibration_providers=["CPUExecutionProvider"],

@@ -15,7 +15,7 @@ from onnx_quant.inference import dims
 from onnx_quant.inference.context import TensorInfo
 from onnx_quant.inference.registry import register
 from onnx_quant.inference.rules._wm_common import (
-    BOOL, MAX_VALUE_ELEMS, broadcast_shapes, check_same_type, elementwise_symbolic, exact_div, need, nonneg, np_dtype, shape_text, tidy, type_text,
+    BOOL, MAX_VALUE_ELEMS, broadcast_shapes, check_same_type, dim_min, elementwise_symbolic, exact_div, need, nonneg, np_dtype, shape_text, tidy, type_text,
 )
 
 # ---------------------------------------------------------------- value arithmetic
@@ -121,6 +121,32 @@ def pow_rule(ctx, n) -> None:
     if n.version < 12:
         check_same_type(n, "Pow", (x, y), ("X", "Y"))
     n.set_output(0, TensorInfo(x.elem_type, _broadcast(n, "Pow", (x, y))))
+
+
+# ---------------------------------------------------------------- Min / Max (variadic)
+_NP_EXTREMUM = {"Min": np.minimum, "Max": np.maximum}
+_SYM_EXTREMUM = {"Min": dim_min, "Max": dims.maximum}
+
+
+def extremum(ctx, n) -> None:
+    """Min and Max of any number of inputs; on shape values (``Min(boxes, 8)`` for a TopK's K)
+    symbolic entries give ``min``/``max`` dims."""
+    rule = n.node.op_type
+    infos = [n.input(i) for i in range(len(n.node.input)) if n.has_input(i)]
+    if not infos:
+        n.fail(rule, "needs at least one input", subject="inputs", expected=">= 1 input", found="none")
+    t = check_same_type(n, rule, infos)
+    shape = _broadcast(n, rule, infos)
+    value = infos[0].value if shape is not None and infos[0].value is not None and infos[0].value.size <= MAX_VALUE_ELEMS else None
+    for other in infos[1:]:
+        if value is None:
+            break
+        value = _binary_value(rule, TensorInfo(t, shape, value), other, t, _NP_EXTREMUM, _SYM_EXTREMUM)
+    n.set_output(0, TensorInfo(t, shape, value))
+
+
+register("Min", 6, 8, 12, 13)(extremum)
+register("Max", 6, 8, 12, 13)(extremum)
 
 
 # ---------------------------------------------------------------- comparisons

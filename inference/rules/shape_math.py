@@ -15,6 +15,7 @@ difference folds to a non-zero constant.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Sequence
 
 from onnx_quant.inference import dims
@@ -71,6 +72,7 @@ def _text(v) -> str:
 
 
 # ---------------------------------------------------------------- convolution
+@lru_cache(maxsize=4096)  # a pure function of hashable dims; symbolic arithmetic is the cost of a conv
 def conv_spatial_dim(in_dim: DimLike, kernel: DimLike, *, auto_pad: str = "NOTSET", pad_begin: int = 0,
                      pad_end: int = 0, stride: int = 1, dilation: int = 1) -> DimLike:
     """Output size of one spatial axis of a convolution (or floor-mode pooling).

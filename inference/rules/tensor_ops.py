@@ -558,7 +558,8 @@ def expand(ctx, n) -> None:
         n.fail("Expand", "input and shape do not broadcast", subject="input shape",
                expected=f"broadcastable with {shape_text(x.shape)}", found=shape_text(target))
     value = None
-    if _small(x) and all(isinstance(d, int) for d in out) and product(out) <= MAX_VALUE_ELEMS:
+    # every dim bounded, not only the product: a 0 beside a huge dim is an empty value numpy cannot make
+    if _small(x) and all(isinstance(d, int) and d <= MAX_VALUE_ELEMS for d in out) and product(out) <= MAX_VALUE_ELEMS:
         value = tidy(np.broadcast_to(x.value, out).copy(), x.elem_type)
     _set(n, 0, x.elem_type, out, value)
 
@@ -952,7 +953,8 @@ def topk(ctx, n) -> None:
         if isinstance(d, int) and k > d:
             n.fail("TopK", "K exceeds the axis size", subject="input K", expected=f"<= {d}", found=k)
     out = list(x.shape)
-    out[axis] = None if isinstance(k, float) else k
+    # K computed from data (not a shape value) is known only at run time: a fresh symbol
+    out[axis] = n.fresh_dim(0, axis) if k is None or isinstance(k, float) else k
     _set(n, 0, x.elem_type, out)
     _set(n, 1, INT64, out)
 

@@ -105,6 +105,22 @@ def test_bad_feeds_fail_before_submitting(dev):
     assert out[0].shape == (4, 3)
 
 
+def test_declared_minus_one_and_question_mark_dims_are_free_each_on_its_own(dev):
+    """paddle2onnx writes '?' for every unknown dim (and some exporters dim_value -1): at run
+    time each is free, and two '?' dims do not have to agree; a named symbol still binds."""
+    model = _fixed_model(["?", -1, "?"])
+    s = Session(model, dev)
+    for shape in ((2, 3, 4), (5, 1, 7)):
+        x = np.linspace(-2, 3, int(np.prod(shape))).astype(np.float32).reshape(shape)
+        out = s.run(None, {"x": x})
+        for g, e in zip(out, numpy_dynamic_quantize_linear(x.reshape(-1))):
+            assert np.array_equal(g.reshape(-1), e.reshape(-1))
+        assert out[0].shape == shape
+    named = Session(_fixed_model(["N", "N"]), dev)
+    msg = _submits_unchanged(dev, lambda: named.run(None, {"x": np.zeros((2, 3), np.float32)}))
+    assert "'N' = 3" in msg and "binds 'N' = 2" in msg
+
+
 def test_node_without_kernel_runs_on_the_host_or_is_refused(dev):
     from onnx_quant.errors import HostFallbackWarning, QuantWarning
 
