@@ -76,7 +76,7 @@ def test_dev_zero_and_folders_are_refused(tmp_path):
     one_error_line(lines, "check", "/dev/zero: is a character device")
 
 
-def test_unreadable_path_is_a_load_error(tmp_path, monkeypatch):
+def test_unreadable_path_is_a_load_error(tmp_path, monkeypatch, capsys):
     path = save(relu_model(), tmp_path / "m.onnx")
 
     def denied(*a, **k):
@@ -85,9 +85,15 @@ def test_unreadable_path_is_a_load_error(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "stat", denied)  # what a folder without search permission gives
     with pytest.raises(ModelLoadError, match="m.onnx: cannot access: Permission denied"):
         load_model(str(path))
+    # the CLI in-process (root, as CI runs, ignores real folder permissions: the test below)
+    from onnx_quant.cli import main
+
+    assert main(["infer", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("onnx-quant infer: error: ") and "cannot access: Permission denied" in err[0]
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores folder permissions (the test above covers the API)")
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores folder permissions (the test above covers the API and the CLI)")
 def test_folder_without_search_permission(tmp_path):
     folder = tmp_path / "locked"
     folder.mkdir()
