@@ -48,6 +48,7 @@ from onnx_quant.backend_wgpu.executor import (
     GpuStep, GraphPlan, HostStep, Lifetime, RootValue, Segment, SessionResources, SessionStats,
     assign_buffers, prepare_graph, release_graph, run_graph,
 )
+from onnx_quant.backend_wgpu.host_sizes import check_host_node
 from onnx_quant.backend_wgpu.locking import holding
 from onnx_quant.backend_wgpu.model_check import check_host_outputs, static_values
 from onnx_quant.backend_wgpu.packing import device_nbytes
@@ -109,6 +110,14 @@ def _info_shape(info: Any) -> list[Any] | None:
     from onnx_quant.inference import dims  # noqa: PLC0415
 
     return [d if isinstance(d, int) else (None if d is None else dims.to_text(d)) for d in info.shape]
+
+
+def _bits_of(code: int) -> int:
+    """Element bits of a TensorProto code, 64 where unknown (the widest a host node makes)."""
+    try:
+        return element_type(code).bits
+    except QuantError:
+        return 64
 
 
 def _value_info_shape(vi: onnx.ValueInfoProto) -> list[Any] | None:
@@ -540,6 +549,10 @@ class Session:
             if shape is not None and isinstance(v, np.ndarray) and tuple(v.shape) != shape:
                 v = v.reshape(shape)
             feeds[name] = v
+        out0 = next((o for o in info.node.output if o), "")
+        bits = _bits_of(self._plan_elem.get(out0) or self._elem(out0))
+        check_host_node(self.budget, step.label, step.op_type, [feeds.get(n) if n else None for n in info.node.input],
+                        _attributes(info.node), bits)
         try:
             with warnings.catch_warnings(), np.errstate(all="ignore"):
                 warnings.simplefilter("ignore")

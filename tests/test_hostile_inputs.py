@@ -419,3 +419,50 @@ def test_budget_setting_is_validated():
         parse_size("lots")
     with pytest.raises(BudgetError, match="expected a positive byte count, found 0"):
         resolve(0)
+
+
+def data_dependent_model(op: str) -> tuple[onnx.ModelProto, dict]:
+    """A host node whose output size depends on an input's value (inference cannot size it):
+    the feed asks for 4-8 TiB."""
+    i64 = onnx.TensorProto.INT64
+    if op == "Range":
+        node = h.make_node("Range", ["s", "n", "d"], ["big"], name="range")
+        inits = [numpy_helper.from_array(np.array(0, np.int64), "s"), numpy_helper.from_array(np.array(1, np.int64), "d")]
+        return (h.make_model(h.make_graph([node], "g", [h.make_tensor_value_info("n", i64, [])],
+                                          [h.make_tensor_value_info("big", i64, None)], inits),
+                             opset_imports=[h.make_opsetid("", 17)]), {"n": np.array(2**40, np.int64)})
+    if op == "ConstantOfShape":
+        node = h.make_node("ConstantOfShape", ["shape"], ["big"], name="fill")
+        return (h.make_model(h.make_graph([node], "g", [h.make_tensor_value_info("shape", i64, [2])],
+                                          [h.make_tensor_value_info("big", F, None)]),
+                             opset_imports=[h.make_opsetid("", 17)]), {"shape": np.array([2**20, 2**20], np.int64)})
+    node = h.make_node("Tile", ["x", "reps"], ["big"], name="tile")  # Tile
+    return (h.make_model(h.make_graph([node], "g", [h.make_tensor_value_info("x", F, [2]),
+                                                    h.make_tensor_value_info("reps", i64, [1])],
+                                      [h.make_tensor_value_info("big", F, None)]),
+                         opset_imports=[h.make_opsetid("", 17)]),
+            {"x": np.ones(2, np.float32), "reps": np.array([2**40], np.int64)})
+
+
+@pytest.mark.parametrize("op, node, nbytes", [("Range", "range", 8 * 2**40), ("ConstantOfShape", "fill", 4 * 2**40),
+                                              ("Tile", "tile", 8 * 2**40)])
+def test_data_dependent_host_work_is_sized_from_its_inputs_before_it_runs(best, op, node, nbytes):
+    import time
+    import warnings
+
+    from onnx_quant.backend_wgpu.session import Session
+
+    model, feeds = data_dependent_model(op)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        s = Session(model, device=best, memory_budget="1G")
+        t0 = time.perf_counter()
+        with pytest.raises(BudgetError, match=f"node '{node}' .*computed from its input values .*needs {nbytes} bytes"):
+            s.run(None, feeds)
+    assert time.perf_counter() - t0 < 10
+    small = {k: (np.array(3, np.int64) if op == "Range" else np.array([2, 3], np.int64) if op == "ConstantOfShape"
+                 else np.array([3], np.int64) if k == "reps" else v) for k, v in feeds.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = s.run(None, small)[0]
+    assert out.size == {"Range": 3, "ConstantOfShape": 6, "Tile": 6}[op]
