@@ -31,7 +31,6 @@ requested outputs need, through one persistent staging buffer per plan. docs/bac
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import warnings
@@ -43,35 +42,23 @@ import numpy as np
 import onnx
 
 from onnx_quant.backend_wgpu.device import GpuDevice, get_device
+from onnx_quant.backend_wgpu import graph_plan as gp
 from onnx_quant.backend_wgpu.device_value import DeviceValue, stand_in
+from onnx_quant.backend_wgpu.graph_plan import (
+    DEFAULT_DOMAINS, VIEW_OPS, attributes as _attributes, concrete as _concrete, onnx_type as _onnx_type,
+)
+from onnx_quant.backend_wgpu.graph_plan import NodeInfo as _NodeInfo
 from onnx_quant.backend_wgpu.executor import (
-    GpuStep, GraphPlan, HostStep, Lifetime, RootValue, Segment, SessionResources, SessionStats,
-    assign_buffers, prepare_graph, release_graph, run_graph,
+    GraphPlan, HostStep, Segment, SessionResources, SessionStats, prepare_graph, release_graph, run_graph,
 )
 from onnx_quant.backend_wgpu.host_sizes import check_host_node
 from onnx_quant.backend_wgpu.locking import holding
 from onnx_quant.backend_wgpu.model_check import check_host_outputs, static_values
-from onnx_quant.backend_wgpu.packing import device_nbytes
 from onnx_quant.dtypes import element_type, type_name
 from onnx_quant.errors import ExecutionError, HostFallbackWarning, QuantError
 from onnx_quant.budget import resolve as resolve_budget
 from onnx_quant.inference.dims import is_anonymous
 from onnx_quant.model_io import initializer_arrays, load_model
-
-DEFAULT_DOMAINS = ("", "ai.onnx")
-
-#: ops that run as a view of their input's buffer (no kernel, no copy)
-VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
-
-#: ops whose integer outputs are folded into the plan when shape inference computed them
-#: (shape arithmetic: Shape -> Gather -> Concat -> Reshape and the like)
-FOLD_OPS = frozenset({
-    "Shape", "Size", "Gather", "Concat", "Slice", "Squeeze", "Unsqueeze", "Reshape", "Flatten",
-    "Identity", "Cast", "Add", "Sub", "Mul", "Max", "Min", "Neg", "Abs", "Range", "ConstantOfShape",
-    "Expand", "Split", "Transpose", "Tile", "Equal", "Less", "Greater", "Where", "Not", "And", "Or",
-    "ReduceProd", "ReduceSum", "ReduceMax", "ReduceMin",
-})
-_FOLD_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.BOOL})
 
 #: planner messages that mean "this kernel does not take this node" (its variants' ``when``
 #: clauses, declared ranks/shapes, type constraints, attribute values): such a node runs on
@@ -148,19 +135,6 @@ def _specs():
     return _SPECS
 
 
-def _attributes(node: onnx.NodeProto) -> dict[str, Any]:
-    """A node's attributes as onnx.helper.get_attribute_value gives them, bytes decoded."""
-    out: dict[str, Any] = {}
-    for a in node.attribute:
-        v = onnx.helper.get_attribute_value(a)
-        if isinstance(v, bytes):
-            v = v.decode("utf-8", "replace")
-        elif isinstance(v, list):
-            v = [x.decode("utf-8", "replace") if isinstance(x, bytes) else x for x in v]
-        out[a.name] = v
-    return out
-
-
 def node_label(node: onnx.NodeProto, index: int) -> str:
     return node.name or f"{node.op_type}_{index}"
 
@@ -186,37 +160,6 @@ def _free_names(graph: onnx.GraphProto) -> set[str]:
         free |= {i for i in _subgraph_reads(n) if i not in defined}
         defined |= {o for o in n.output if o}
     return free
-
-
-def _onnx_type(code: int) -> str | None:
-    """The element type name of a TensorProto code, or None when the backend has no such type."""
-    if not code:
-        return None
-    try:
-        return element_type(code).name
-    except QuantError:
-        return None
-
-
-def _concrete(shape: Any) -> tuple[int, ...] | None:
-    if shape is None or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
-        return None
-    return tuple(int(d) for d in shape)
-
-
-@dataclass
-class _NodeInfo:
-    """A node and what construction decided about it."""
-
-    index: int
-    label: str
-    node: onnx.NodeProto
-    domain: str
-    version: int
-    spec: Any                 # the KernelSpec that takes the node, or None
-    kind: str                 # "gpu" | "host" | "view" | "const"
-    reason: str               # why not "gpu" (empty for gpu nodes)
-    implicit: tuple[str, ...]  # outer-scope names its subgraphs read
 
 
 class Session:
@@ -278,7 +221,7 @@ class Session:
         # nodes that may fold (shape arithmetic) are only reported when a plan cannot fold them;
         # nodes no graph output can depend on never run
         live = self._static_live()
-        static_host = [i for i in self._nodes if i.kind == "host" and i.index in live and not self._may_fold(i)]
+        static_host = [i for i in self._nodes if i.kind == "host" and i.index in live and not gp.may_fold(i, self._elem)]
         if static_host and not self.allow_host_fallback:
             raise ExecutionError(
                 f"{len(static_host)} node(s) cannot run on the GPU and allow_host_fallback is False: "
@@ -677,65 +620,6 @@ class Session:
 
     # -- planning ----------------------------------------------------------------------------
 
-    def _may_fold(self, info: _NodeInfo) -> bool:
-        """Whether plans may compute the node's outputs by shape inference (small integers)."""
-        outs = [o for o in info.node.output if o]
-        return (info.domain in DEFAULT_DOMAINS and info.node.op_type in FOLD_OPS and bool(outs)
-                and all(self._elem(o) in _FOLD_TYPES for o in outs))
-
-    def _fold(self, info: _NodeInfo, values: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
-        """The node's outputs, when shape inference computed them as small integer constants."""
-        node = info.node
-        if info.domain not in DEFAULT_DOMAINS or node.op_type not in FOLD_OPS:
-            return None
-        outs = [o for o in node.output if o]
-        if not outs:
-            return None
-        folded = {}
-        for o in outs:
-            v = values.get(o)
-            if v is None or v.elem_type not in _FOLD_TYPES or v.value is None:
-                if node.op_type in ("Shape", "Size") and v is not None:
-                    computed = self._shape_value(node, values)
-                    if computed is not None:
-                        folded[o] = computed
-                        continue
-                return None
-            arr = np.asarray(v.value)
-            if arr.dtype.kind == "O" or _concrete(v.shape) is None or tuple(arr.shape) != _concrete(v.shape):
-                return None
-            folded[o] = arr.astype(element_type(v.elem_type).dtype)
-        return folded
-
-    @staticmethod
-    def _shape_value(node: onnx.NodeProto, values: Mapping[str, Any]) -> np.ndarray | None:
-        src = values.get(node.input[0]) if node.input else None
-        shape = _concrete(None if src is None else src.shape)
-        if shape is None:
-            return None
-        if node.op_type == "Size":
-            return np.array(math.prod(shape), dtype=np.int64)
-        attrs = _attributes(node)
-        r = len(shape)
-        start, end = int(attrs.get("start", 0)), attrs.get("end")
-        end = r if end is None else int(end)
-        start, end = (start + r if start < 0 else start), (end + r if end < 0 else end)
-        start, end = min(max(start, 0), r), min(max(end, 0), r)
-        return np.array(shape[start:end], dtype=np.int64)
-
-    def _view_rejects(self, info: _NodeInfo, values: Mapping[str, Any]) -> str | None:
-        src, dst = values.get(info.node.input[0]), values.get(info.node.output[0])
-        if src is None or dst is None or not src.elem_type or src.elem_type != dst.elem_type:
-            return "input and output element types differ or are unknown"
-        s_in, s_out = _concrete(src.shape), _concrete(dst.shape)
-        if s_in is None or s_out is None:
-            return "shapes are not known for these input shapes"
-        if math.prod(s_in) != math.prod(s_out):
-            return f"{list(s_in)} and {list(s_out)} hold different numbers of elements"
-        if _onnx_type(src.elem_type) is None:
-            return f"element type {type_name(src.elem_type)} has no device layout"
-        return None
-
     def _plan_gpu(self, info: _NodeInfo, values: Mapping[str, Any]):
         """(NodePlan, '') or (None, why it runs on the host)."""
         from onnx_quant.backend_wgpu.planner import plan_node  # noqa: PLC0415
@@ -770,34 +654,9 @@ class Session:
             return None, why[len(prefix):] if why.startswith(prefix) else why
         return plan, ""
 
-    def _constant_gpu_nodes(self, live: set[int], kinds: Mapping[int, str], roots: dict[str, RootValue],
-                            alias: Mapping[str, tuple]) -> set[int]:
-        """GPU nodes whose every input is an initializer, a Constant, a folded value or the output
-        of another such node (the DequantizeLinear of a weight, a QLinear kernel's parameter
-        pass over constant scales): they run once per plan, when it is prepared, into buffers of
-        their own, and no run repeats them. Their outputs' roots become ``once``. A node whose
-        output a host node or the caller reads back stays in the run (its value would otherwise
-        have to be read back at preparation)."""
-        read_back = {alias[n][0] for n in self._outputs if n in alias}
-        for info in self._nodes:
-            if info.index in live and kinds[info.index] == "host":
-                read_back |= {alias[n][0] for n in list(info.node.input) + list(info.implicit) if n in alias}
-        once: set[int] = set()
-        constant = {"init", "const", "fold", "once"}
-        for info in self._nodes:
-            if info.index not in live or kinds[info.index] != "gpu" or info.implicit:
-                continue
-            ins = [n for n in info.node.input if n]
-            outs = [o for o in info.node.output if o]
-            if not ins or not outs or any(n not in alias for n in ins):
-                continue
-            if all(roots[alias[n][0]].origin in constant for n in ins) and not read_back & set(outs):
-                once.add(info.index)
-                for o in outs:
-                    roots[o].origin = "once"
-        return once
-
     def _build_plan(self, key: tuple, shapes: Mapping[str, tuple[int, ...]]) -> GraphPlan:
+        """Run the graph compiler's phases (graph_plan.py) for one binding of input shapes; the
+        host fallback decisions (warnings, refusals, evaluators) stay here."""
         from onnx_quant.inference import infer_values  # noqa: PLC0415
 
         try:
@@ -805,48 +664,28 @@ class Session:
         except QuantError as e:
             raise ExecutionError(f"shape inference for input shapes {dict(shapes)} failed: {e}") from None
         self._plan_elem = {n: v.elem_type for n, v in values.items()}
-        graph = self.model.graph
-        kinds: dict[int, str] = {}
-        reasons: dict[int, str] = {}
-        folded_by_node: dict[int, dict[str, np.ndarray]] = {}
-        for info in self._nodes:
-            if info.kind == "const":
-                kinds[info.index] = "const"
-                continue
-            fv = self._fold(info, values)
-            if fv is not None:
-                kinds[info.index] = "fold"
-                folded_by_node[info.index] = fv
-                continue
-            if info.kind == "view":
-                why = self._view_rejects(info, values)
-                if why is None:
-                    kinds[info.index] = "view"
-                    continue
-                kinds[info.index] = "gpu" if info.spec is not None else "host"
-                reasons[info.index] = why if info.spec is not None else f"not a view: {why}; {info.reason}"
-                continue
-            kinds[info.index] = info.kind
-            reasons[info.index] = info.reason
+        placed = gp.place(self._nodes, values)
+        kinds, reasons = placed.kinds, placed.reasons
+        live = gp.live_nodes(self._nodes, kinds, self._outputs)
+        folded = {k: v for i, fv in placed.folded_by_node.items() if i in live for k, v in fv.items()}
+        plans = self._plan_kernels(live, kinds, reasons, values, shapes)
+        roots, alias = gp.value_roots(self._nodes, kinds, live, values, [vi.name for vi in self._inputs],
+                                      list(self._initializers), self._outputs)
+        once = gp.constant_nodes(self._nodes, kinds, live, roots, alias, self._outputs)
+        ualign = int(self.device.info.limits.get("minUniformBufferOffsetAlignment", 256)) or 256
+        sched = gp.schedule(self._nodes, kinds, live, plans, roots, alias, once, reasons, self._op_name, ualign)
+        cap = int(self.device.info.limits.get("maxBufferSize", 2**62))
+        lifetimes, slot_of, slot_sizes = gp.assign_memory(roots, sched, cap, shapes)
+        return GraphPlan(key=key, roots=roots, alias=alias, schedule=sched.steps,
+                         placement=gp.placement_report(self._nodes, kinds, live, reasons),
+                         lifetimes=lifetimes, slot_of=slot_of, slot_sizes=slot_sizes,
+                         uniform_regions=sched.uniform_regions, uniform_size=sched.uniform_size, folded=folded,
+                         prologue=sched.prologue)
 
-        # liveness: only nodes some graph output depends on run
-        needed_values = set(self._outputs)
-        live: set[int] = set()
-        for info in reversed(self._nodes):
-            if not any(o in needed_values for o in info.node.output if o):
-                continue
-            live.add(info.index)
-            k = kinds[info.index]
-            if k in ("const", "fold"):
-                continue
-            if k == "view":
-                needed_values.add(info.node.input[0])
-                continue
-            needed_values |= {i for i in info.node.input if i} | set(info.implicit)
-
-        folded = {k: v for i, fv in folded_by_node.items() if i in live for k, v in fv.items()}
-
-        # plan the GPU nodes (a node no variant takes goes to the host)
+    def _plan_kernels(self, live: set[int], kinds: dict[int, str], reasons: dict[int, str],
+                      values: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> dict[int, Any]:
+        """Phase 3: a kernel plan per live GPU node; a node no variant takes moves to the host
+        (``kinds``/``reasons`` updated), warned about or refused per ``allow_host_fallback``."""
         plans: dict[int, Any] = {}
         new_host: list[_NodeInfo] = []
         for info in self._nodes:
@@ -873,7 +712,7 @@ class Session:
             for info in new_host:
                 self._evaluator(info, reasons.get(info.index))
             warnings.warn(self._fallback_text(new_host, reasons, f"input shapes {dict(shapes)}: "),
-                          HostFallbackWarning, stacklevel=4)
+                          HostFallbackWarning, stacklevel=5)
         if not self._planned_host:  # from now on: what the plans placed on the host
             self._host_labels = {}
             self._planned_host = True
@@ -881,176 +720,9 @@ class Session:
             if info.index in live and kinds[info.index] == "host":
                 self._evaluator(info, reasons.get(info.index))
                 self._host_labels.setdefault(info.index, reasons.get(info.index, info.reason))
-
-        # roots and aliases
-        roots: dict[str, RootValue] = {}
-
-        def add_root(name: str, origin: str) -> None:
-            v = values.get(name)
-            code = v.elem_type if v is not None else 0
-            shape = _concrete(None if v is None else v.shape)
-            t = _onnx_type(code)
-            nbytes = device_nbytes(t, math.prod(shape)) if (t is not None and shape is not None) else 0
-            roots[name] = RootValue(name, t, shape, origin, nbytes)
-
-        for vi in self._inputs:
-            add_root(vi.name, "feed")
-        for name in self._initializers:
-            add_root(name, "init")
-        alias: dict[str, tuple[str, tuple[int, ...] | None]] = {n: (n, roots[n].shape) for n in roots}
-        for info in self._nodes:
-            if info.index not in live:
-                continue
-            k = kinds[info.index]
-            outs = [o for o in info.node.output if o]
-            if k == "view":
-                src = alias.get(info.node.input[0])
-                if src is None:
-                    raise ExecutionError(f"node {info.label!r}: input {info.node.input[0]!r} has no value")
-                alias[outs[0]] = (src[0], _concrete(values[outs[0]].shape))
-                continue
-            origin = {"const": "const", "fold": "fold", "gpu": "gpu", "host": "host"}[k]
-            for o in outs:
-                add_root(o, origin)
-                alias[o] = (o, roots[o].shape)
-        for name in self._outputs:
-            if name not in alias:
-                raise ExecutionError(f"graph output {name!r} is produced by no node and is not an input")
-
-        def root_of(name: str) -> str:
-            if name not in alias:
-                raise ExecutionError(f"value {name!r} is read before any node produces it")
-            return alias[name][0]
-
-        once = self._constant_gpu_nodes(live, kinds, roots, alias)
-
-        # the schedule: segments of GPU nodes, cut where a host node needs what the open one produces
-        schedule: list[Any] = []
-        prologue: list[GpuStep] = []   # GPU nodes of constants only: run once per plan
-        open_steps: list[GpuStep] = []
-        open_produced: set[str] = set()
-        pos = 0
-        seg_index = 0
-        uniform_regions: list[tuple[int, bytes]] = []
-        uniform_size = 0
-        ualign = int(self.device.info.limits.get("minUniformBufferOffsetAlignment", 256)) or 256
-
-        def flush() -> None:
-            nonlocal open_steps, open_produced, seg_index
-            if open_steps:
-                schedule.append(Segment(seg_index, open_steps, []))
-                for st in open_steps:
-                    for r in st.outputs:
-                        roots[r].segment = seg_index
-                seg_index += 1
-            open_steps, open_produced = [], set()
-
-        for info in self._nodes:
-            if info.index not in live:
-                continue
-            k = kinds[info.index]
-            node = info.node
-            if k == "gpu":
-                plan = plans[info.index]
-                spec = info.spec
-                where: dict[str, tuple] = {}
-                absent = 0
-                for bname, bp in plan.buffers.items():
-                    if bp.role == "input":
-                        i = list(spec.inputs).index(bname)
-                        r = root_of(node.input[i])
-                        roots[r].on_device = True
-                        where[bname] = ("value", r)
-                    elif bp.role == "output":
-                        i = list(spec.outputs).index(bname)
-                        where[bname] = ("value", node.output[i])
-                    elif bp.role == "intermediate":
-                        where[bname] = ("scratch", (info.index, bname))
-                    elif bp.role == "absent":
-                        where[bname] = ("absent", absent)
-                        absent += 1
-                    elif bp.role == "uniform":
-                        size = max(16, -(-bp.byte_size // 16) * 16)
-                        offset = -(-uniform_size // ualign) * ualign
-                        data = bytes(bp.data or b"")
-                        uniform_regions.append((offset, data + b"\0" * (size - len(data))))
-                        uniform_size = offset + size
-                        where[bname] = ("uniform", offset, size)
-                    else:  # pragma: no cover - planner contract
-                        raise ExecutionError(f"node {info.label!r}: buffer {bname}: unknown role {bp.role!r}")
-                outs = tuple(o for o in node.output if o)
-                for o in outs:
-                    roots[o].producer_pos = pos
-                step = GpuStep(info.index, info.label, self._op_name(info), pos, plan, where, outs)
-                if info.index in once:
-                    prologue.append(step)
-                else:
-                    open_steps.append(step)
-                    open_produced |= set(outs)
-                pos += 1
-            elif k == "host":
-                reads = [n for n in dict.fromkeys(list(node.input) + list(info.implicit)) if n]
-                step_inputs = []
-                for n in reads:
-                    r = root_of(n)
-                    roots[r].on_host = True
-                    step_inputs.append((n, r, alias[n][1]))
-                if any(r in open_produced for _, r, _ in step_inputs):
-                    flush()
-                check_host_outputs(self.budget, info.label, self._op_name(info), node.output, values)
-                schedule.append(HostStep(info.index, info.label, self._op_name(info), step_inputs,
-                                         tuple(o for o in node.output if o), reasons.get(info.index, "")))
-        flush()
-
-        # device needs: type and shape known; host values the GPU reads are uploaded before
-        # the first segment that reads them
-        segments = [s for s in schedule if isinstance(s, Segment)]
-        last_use: dict[str, int] = {}
-        first_seg: dict[str, int] = {}
-        for seg in segments:
-            for st in seg.steps:
-                for bname, where in st.buffers.items():
-                    if where[0] != "value" or st.plan.buffers[bname].role != "input":
-                        continue
-                    r = where[1]
-                    last_use[r] = max(last_use.get(r, -1), st.pos)
-                    first_seg.setdefault(r, seg.index)
-        for name, r in roots.items():
-            if r.on_device and (r.onnx_type is None or r.shape is None):
-                raise ExecutionError(f"value {name!r}: a GPU node reads it but its type or shape is not known "
-                                     f"for input shapes {dict(shapes)}")
-            if r.origin == "host" and r.on_device:
-                r.upload_segment = first_seg[name]
-                segments[r.upload_segment].uploads.append(name)
-
-        lifetimes: list[Lifetime] = []
-        for name, r in roots.items():
-            if r.origin == "feed" and r.on_device:
-                lifetimes.append(Lifetime(name, r.nbytes, 0, last_use[name]))
-            elif r.origin == "host" and r.on_device:
-                start = segments[r.upload_segment].start
-                lifetimes.append(Lifetime(name, r.nbytes, start, max(start, last_use[name])))
-            elif r.origin == "gpu":
-                lifetimes.append(Lifetime(name, r.nbytes, r.producer_pos,
-                                          max(r.producer_pos, last_use.get(name, r.producer_pos))))
-        for st in prologue + [st for seg in segments for st in seg.steps]:
-            for bname, where in st.buffers.items():
-                if where[0] == "scratch":
-                    lifetimes.append(Lifetime(where[1], st.plan.buffers[bname].byte_size, st.pos, st.pos))
-        cap = int(self.device.info.limits.get("maxBufferSize", 2**62))
-        slot_of, slot_sizes = assign_buffers(lifetimes, cap)
-
-        placement: dict[int, tuple[str, str]] = {}
-        for info in self._nodes:
-            k = kinds[info.index] if info.index in live else "unused"
-            why = {"view": "a view of its input's buffer", "const": "a Constant, uploaded once per session",
-                   "fold": "computed by shape inference for these input shapes",
-                   "unused": "no graph output depends on it"}.get(k, reasons.get(info.index, ""))
-            placement[info.index] = (k, why if k != "gpu" else "")
-        return GraphPlan(key=key, roots=roots, alias=alias, schedule=schedule, placement=placement,
-                         lifetimes=lifetimes, slot_of=slot_of, slot_sizes=slot_sizes,
-                         uniform_regions=uniform_regions, uniform_size=uniform_size, folded=folded,
-                         prologue=prologue)
+                # outputs inference sized: refused now, before any run allocates them
+                check_host_outputs(self.budget, info.label, self._op_name(info), info.node.output, values)
+        return plans
 
     @holding("_lock")
     def plans(self, input_shapes: Mapping[str, Sequence[int]]) -> list[Any]:

@@ -1,0 +1,462 @@
+"""The graph compiler's phases: from the inferred model (every value's TensorInfo for one binding
+of input shapes) and the device's facts to a :class:`~onnx_quant.backend_wgpu.executor.GraphPlan`.
+
+Each phase is a function over plain data — node records, inferred values, kernel plans, device
+limits as numbers — never a live device, so each is tested on the CPU
+(tests/backend/test_graph_plan.py). ``Session._build_plan`` runs them in this order:
+
+1. :func:`place` — per node: a Constant (``const``), a value inference computed (``fold``: shape
+   arithmetic on small integers), a view of its input (``view``), or what construction decided
+   (``gpu`` with a kernel spec, ``host``);
+2. :func:`live_nodes` — only nodes some graph output depends on run;
+3. kernel planning (``Session._plan_gpu``, the planner: a node no variant takes goes to the host);
+4. :func:`value_roots` — every value a buffer holds (its *root*) and the views aliasing them;
+5. :func:`constant_nodes` — GPU nodes of constants only, moved to the plan's prologue (run once
+   per plan, not per run);
+6. :func:`schedule` — segments of GPU steps (one encoder and one submit each), cut only where a
+   host node reads what the open segment produces; the uniform regions;
+7. :func:`assign_memory` — value lifetimes and the pooled buffers that hold them;
+8. :func:`placement_report` — per node what ran where and why (``explain``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from onnx_quant.backend_wgpu.executor import (
+    GpuStep, HostStep, Lifetime, RootValue, Segment, assign_buffers,
+)
+from onnx_quant.backend_wgpu.packing import device_nbytes
+from onnx_quant.dtypes import element_type, type_name
+from onnx_quant.errors import ExecutionError, QuantError
+
+DEFAULT_DOMAINS = ("", "ai.onnx")
+
+#: ops that run as a view of their input's buffer (no kernel, no copy)
+VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
+
+#: ops whose integer outputs are folded into the plan when shape inference computed them
+#: (shape arithmetic: Shape -> Gather -> Concat -> Reshape and the like)
+FOLD_OPS = frozenset({
+    "Shape", "Size", "Gather", "Concat", "Slice", "Squeeze", "Unsqueeze", "Reshape", "Flatten",
+    "Identity", "Cast", "Add", "Sub", "Mul", "Max", "Min", "Neg", "Abs", "Range", "ConstantOfShape",
+    "Expand", "Split", "Transpose", "Tile", "Equal", "Less", "Greater", "Where", "Not", "And", "Or",
+    "ReduceProd", "ReduceSum", "ReduceMax", "ReduceMin",
+})
+FOLD_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.BOOL})
+
+#: what placement_report says of a node that runs no kernel
+PLACEMENT_WHY = {"view": "a view of its input's buffer", "const": "a Constant, uploaded once per session",
+                 "fold": "computed by shape inference for these input shapes",
+                 "unused": "no graph output depends on it"}
+
+
+@dataclass
+class NodeInfo:
+    """A node and what Session construction decided about it."""
+
+    index: int
+    label: str
+    node: onnx.NodeProto
+    domain: str
+    version: int
+    spec: Any                 # the KernelSpec that takes the node, or None
+    kind: str                 # "gpu" | "host" | "view" | "const"
+    reason: str               # why not "gpu" (empty for gpu nodes)
+    implicit: tuple[str, ...]  # outer-scope names its subgraphs read
+
+
+@dataclass
+class Placement:
+    """Phase 1's result: per node index its kind and why it is not on the GPU, and the values
+    folded per node."""
+
+    kinds: dict[int, str]
+    reasons: dict[int, str]
+    folded_by_node: dict[int, dict[str, np.ndarray]]
+
+
+# ----------------------------------------------------------------------------- small helpers
+
+
+def onnx_type(code: int) -> str | None:
+    """The element type name of a TensorProto code, or None when the backend has no such type."""
+    if not code:
+        return None
+    try:
+        return element_type(code).name
+    except QuantError:
+        return None
+
+
+def concrete(shape: Any) -> tuple[int, ...] | None:
+    if shape is None or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        return None
+    return tuple(int(d) for d in shape)
+
+
+def attributes(node: onnx.NodeProto) -> dict[str, Any]:
+    """A node's attributes as onnx.helper.get_attribute_value gives them, bytes decoded."""
+    out: dict[str, Any] = {}
+    for a in node.attribute:
+        v = helper.get_attribute_value(a)
+        if isinstance(v, bytes):
+            v = v.decode("utf-8", "replace")
+        elif isinstance(v, list):
+            v = [x.decode("utf-8", "replace") if isinstance(x, bytes) else x for x in v]
+        out[a.name] = v
+    return out
+
+
+# ----------------------------------------------------------------------------- 1. place
+
+
+def may_fold(info: NodeInfo, elem_of: Callable[[str], int]) -> bool:
+    """Whether plans may compute the node's outputs by shape inference (small integers)."""
+    outs = [o for o in info.node.output if o]
+    return (info.domain in DEFAULT_DOMAINS and info.node.op_type in FOLD_OPS and bool(outs)
+            and all(elem_of(o) in FOLD_TYPES for o in outs))
+
+
+def folded_outputs(info: NodeInfo, values: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
+    """The node's outputs, when shape inference computed them as small integer constants."""
+    node = info.node
+    if info.domain not in DEFAULT_DOMAINS or node.op_type not in FOLD_OPS:
+        return None
+    outs = [o for o in node.output if o]
+    if not outs:
+        return None
+    folded = {}
+    for o in outs:
+        v = values.get(o)
+        if v is None or v.elem_type not in FOLD_TYPES or v.value is None:
+            if node.op_type in ("Shape", "Size") and v is not None:
+                computed = shape_value(node, values)
+                if computed is not None:
+                    folded[o] = computed
+                    continue
+            return None
+        arr = np.asarray(v.value)
+        if arr.dtype.kind == "O" or concrete(v.shape) is None or tuple(arr.shape) != concrete(v.shape):
+            return None
+        folded[o] = arr.astype(element_type(v.elem_type).dtype)
+    return folded
+
+
+def shape_value(node: onnx.NodeProto, values: Mapping[str, Any]) -> np.ndarray | None:
+    """Shape / Size of an input whose shape is concrete for this binding."""
+    src = values.get(node.input[0]) if node.input else None
+    shape = concrete(None if src is None else src.shape)
+    if shape is None:
+        return None
+    if node.op_type == "Size":
+        return np.array(math.prod(shape), dtype=np.int64)
+    attrs = attributes(node)
+    r = len(shape)
+    start, end = int(attrs.get("start", 0)), attrs.get("end")
+    end = r if end is None else int(end)
+    start, end = (start + r if start < 0 else start), (end + r if end < 0 else end)
+    start, end = min(max(start, 0), r), min(max(end, 0), r)
+    return np.array(shape[start:end], dtype=np.int64)
+
+
+def view_rejects(info: NodeInfo, values: Mapping[str, Any]) -> str | None:
+    """Why a view op cannot be a view of its input's buffer here (None: it can)."""
+    src, dst = values.get(info.node.input[0]), values.get(info.node.output[0])
+    if src is None or dst is None or not src.elem_type or src.elem_type != dst.elem_type:
+        return "input and output element types differ or are unknown"
+    s_in, s_out = concrete(src.shape), concrete(dst.shape)
+    if s_in is None or s_out is None:
+        return "shapes are not known for these input shapes"
+    if math.prod(s_in) != math.prod(s_out):
+        return f"{list(s_in)} and {list(s_out)} hold different numbers of elements"
+    if onnx_type(src.elem_type) is None:
+        return f"element type {type_name(src.elem_type)} has no device layout"
+    return None
+
+
+def place(nodes: Sequence[NodeInfo], values: Mapping[str, Any]) -> Placement:
+    kinds: dict[int, str] = {}
+    reasons: dict[int, str] = {}
+    folded_by_node: dict[int, dict[str, np.ndarray]] = {}
+    for info in nodes:
+        if info.kind == "const":
+            kinds[info.index] = "const"
+            continue
+        fv = folded_outputs(info, values)
+        if fv is not None:
+            kinds[info.index] = "fold"
+            folded_by_node[info.index] = fv
+            continue
+        if info.kind == "view":
+            why = view_rejects(info, values)
+            if why is None:
+                kinds[info.index] = "view"
+                continue
+            kinds[info.index] = "gpu" if info.spec is not None else "host"
+            reasons[info.index] = why if info.spec is not None else f"not a view: {why}; {info.reason}"
+            continue
+        kinds[info.index] = info.kind
+        reasons[info.index] = info.reason
+    return Placement(kinds, reasons, folded_by_node)
+
+
+# ----------------------------------------------------------------------------- 2. liveness
+
+
+def live_nodes(nodes: Sequence[NodeInfo], kinds: Mapping[int, str], outputs: Sequence[str]) -> set[int]:
+    """Nodes some graph output depends on (folded and constant nodes read nothing at run time)."""
+    needed = set(outputs)
+    live: set[int] = set()
+    for info in reversed(nodes):
+        if not any(o in needed for o in info.node.output if o):
+            continue
+        live.add(info.index)
+        k = kinds[info.index]
+        if k in ("const", "fold"):
+            continue
+        if k == "view":
+            needed.add(info.node.input[0])
+            continue
+        needed |= {i for i in info.node.input if i} | set(info.implicit)
+    return live
+
+
+# ----------------------------------------------------------------------------- 4. roots
+
+
+def value_roots(nodes: Sequence[NodeInfo], kinds: Mapping[int, str], live: set[int], values: Mapping[str, Any],
+                inputs: Sequence[str], initializers: Sequence[str], outputs: Sequence[str],
+                ) -> tuple[dict[str, RootValue], dict[str, tuple[str, tuple[int, ...] | None]]]:
+    """Every value a buffer (or host array) holds, and ``alias``: value name -> (root, shape)
+    (identity for roots, the view's shape for views)."""
+    roots: dict[str, RootValue] = {}
+
+    def add_root(name: str, origin: str) -> None:
+        v = values.get(name)
+        code = v.elem_type if v is not None else 0
+        shape = concrete(None if v is None else v.shape)
+        t = onnx_type(code)
+        nbytes = device_nbytes(t, math.prod(shape)) if (t is not None and shape is not None) else 0
+        roots[name] = RootValue(name, t, shape, origin, nbytes)
+
+    for name in inputs:
+        add_root(name, "feed")
+    for name in initializers:
+        add_root(name, "init")
+    alias: dict[str, tuple[str, tuple[int, ...] | None]] = {n: (n, roots[n].shape) for n in roots}
+    for info in nodes:
+        if info.index not in live:
+            continue
+        k = kinds[info.index]
+        outs = [o for o in info.node.output if o]
+        if k == "view":
+            src = alias.get(info.node.input[0])
+            if src is None:
+                raise ExecutionError(f"node {info.label!r}: input {info.node.input[0]!r} has no value")
+            alias[outs[0]] = (src[0], concrete(values[outs[0]].shape))
+            continue
+        for o in outs:
+            add_root(o, k)
+            alias[o] = (o, roots[o].shape)
+    for name in outputs:
+        if name not in alias:
+            raise ExecutionError(f"graph output {name!r} is produced by no node and is not an input")
+    return roots, alias
+
+
+# ----------------------------------------------------------------------------- 5. constants once
+
+
+def constant_nodes(nodes: Sequence[NodeInfo], kinds: Mapping[int, str], live: set[int],
+                   roots: dict[str, RootValue], alias: Mapping[str, tuple], outputs: Sequence[str]) -> set[int]:
+    """GPU nodes whose every input is an initializer, a Constant, a folded value or the output
+    of another such node (the DequantizeLinear of a weight, a parameter pass over constant
+    scales): they run once per plan, when it is prepared, into buffers of their own, and no run
+    repeats them. Their outputs' roots become ``once``. A node whose output a host node or the
+    caller reads back stays in the run (its value would otherwise have to be read back at
+    preparation)."""
+    read_back = {alias[n][0] for n in outputs if n in alias}
+    for info in nodes:
+        if info.index in live and kinds[info.index] == "host":
+            read_back |= {alias[n][0] for n in list(info.node.input) + list(info.implicit) if n in alias}
+    once: set[int] = set()
+    constant = {"init", "const", "fold", "once"}
+    for info in nodes:
+        if info.index not in live or kinds[info.index] != "gpu" or info.implicit:
+            continue
+        ins = [n for n in info.node.input if n]
+        outs = [o for o in info.node.output if o]
+        if not ins or not outs or any(n not in alias for n in ins):
+            continue
+        if all(roots[alias[n][0]].origin in constant for n in ins) and not read_back & set(outs):
+            once.add(info.index)
+            for o in outs:
+                roots[o].origin = "once"
+    return once
+
+
+# ----------------------------------------------------------------------------- 6. schedule
+
+
+@dataclass
+class Schedule:
+    steps: list[Any]                 # Segment and HostStep in execution order
+    prologue: list[GpuStep]          # constants-only GPU steps, once per plan
+    uniform_regions: list[tuple[int, bytes]]
+    uniform_size: int
+
+
+def _step_buffers(info: NodeInfo, plan: Any, root_of: Callable[[str], str], roots: dict[str, RootValue],
+                  uniforms: list, ualign: int) -> dict[str, tuple]:
+    """Where each of a GPU step's buffers lives (see ``GpuStep.buffers``); uniform regions are
+    appended to ``uniforms`` ([regions, size]) aligned to ``ualign``."""
+    node, spec = info.node, info.spec
+    where: dict[str, tuple] = {}
+    absent = 0
+    for bname, bp in plan.buffers.items():
+        if bp.role == "input":
+            r = root_of(node.input[list(spec.inputs).index(bname)])
+            roots[r].on_device = True
+            where[bname] = ("value", r)
+        elif bp.role == "output":
+            where[bname] = ("value", node.output[list(spec.outputs).index(bname)])
+        elif bp.role == "intermediate":
+            where[bname] = ("scratch", (info.index, bname))
+        elif bp.role == "absent":
+            where[bname] = ("absent", absent)
+            absent += 1
+        elif bp.role == "uniform":
+            size = max(16, -(-bp.byte_size // 16) * 16)
+            offset = -(-uniforms[1] // ualign) * ualign
+            data = bytes(bp.data or b"")
+            uniforms[0].append((offset, data + b"\0" * (size - len(data))))
+            uniforms[1] = offset + size
+            where[bname] = ("uniform", offset, size)
+        else:  # pragma: no cover - planner contract
+            raise ExecutionError(f"node {info.label!r}: buffer {bname}: unknown role {bp.role!r}")
+    return where
+
+
+def schedule(nodes: Sequence[NodeInfo], kinds: Mapping[int, str], live: set[int], plans: Mapping[int, Any],
+             roots: dict[str, RootValue], alias: Mapping[str, tuple], once: set[int], reasons: Mapping[int, str],
+             op_name: Callable[[NodeInfo], str], ualign: int) -> Schedule:
+    """Segments of GPU steps in graph order, cut only where a host node reads a value the open
+    segment produces; host steps between them; the prologue of constant steps."""
+
+    def root_of(name: str) -> str:
+        if name not in alias:
+            raise ExecutionError(f"value {name!r} is read before any node produces it")
+        return alias[name][0]
+
+    steps: list[Any] = []
+    prologue: list[GpuStep] = []
+    open_steps: list[GpuStep] = []
+    open_produced: set[str] = set()
+    uniforms: list[Any] = [[], 0]
+    pos = 0
+    segment_count = 0
+
+    def flush() -> None:
+        nonlocal open_steps, open_produced, segment_count
+        if open_steps:
+            steps.append(Segment(segment_count, open_steps, []))
+            for st in open_steps:
+                for r in st.outputs:
+                    roots[r].segment = segment_count
+            segment_count += 1
+        open_steps, open_produced = [], set()
+
+    for info in nodes:
+        if info.index not in live:
+            continue
+        k, node = kinds[info.index], info.node
+        if k == "gpu":
+            where = _step_buffers(info, plans[info.index], root_of, roots, uniforms, ualign)
+            outs = tuple(o for o in node.output if o)
+            for o in outs:
+                roots[o].producer_pos = pos
+            step = GpuStep(info.index, info.label, op_name(info), pos, plans[info.index], where, outs)
+            if info.index in once:
+                prologue.append(step)
+            else:
+                open_steps.append(step)
+                open_produced |= set(outs)
+            pos += 1
+        elif k == "host":
+            reads = [n for n in dict.fromkeys(list(node.input) + list(info.implicit)) if n]
+            step_inputs = []
+            for n in reads:
+                r = root_of(n)
+                roots[r].on_host = True
+                step_inputs.append((n, r, alias[n][1]))
+            if any(r in open_produced for _, r, _ in step_inputs):
+                flush()
+            steps.append(HostStep(info.index, info.label, op_name(info), step_inputs,
+                                  tuple(o for o in node.output if o), reasons.get(info.index, "")))
+    flush()
+    return Schedule(steps, prologue, uniforms[0], uniforms[1])
+
+
+# ----------------------------------------------------------------------------- 7. memory
+
+
+def assign_memory(roots: dict[str, RootValue], sched: Schedule, cap: int, shapes: Mapping[str, Any]
+                  ) -> tuple[list[Lifetime], dict[Any, int], list[int]]:
+    """Check every device value has a type and shape, schedule the uploads of host values the
+    GPU reads, and pool the buffers over the values' lifetimes (``assign_buffers``)."""
+    segments = [s for s in sched.steps if isinstance(s, Segment)]
+    last_use: dict[str, int] = {}
+    first_seg: dict[str, int] = {}
+    for seg in segments:
+        for st in seg.steps:
+            for bname, where in st.buffers.items():
+                if where[0] != "value" or st.plan.buffers[bname].role != "input":
+                    continue
+                r = where[1]
+                last_use[r] = max(last_use.get(r, -1), st.pos)
+                first_seg.setdefault(r, seg.index)
+    for name, r in roots.items():
+        if r.on_device and (r.onnx_type is None or r.shape is None):
+            raise ExecutionError(f"value {name!r}: a GPU node reads it but its type or shape is not known "
+                                 f"for input shapes {dict(shapes)}")
+        if r.origin == "host" and r.on_device:
+            r.upload_segment = first_seg[name]
+            segments[r.upload_segment].uploads.append(name)
+    lifetimes: list[Lifetime] = []
+    for name, r in roots.items():
+        if r.origin == "feed" and r.on_device:
+            lifetimes.append(Lifetime(name, r.nbytes, 0, last_use[name]))
+        elif r.origin == "host" and r.on_device:
+            start = segments[r.upload_segment].start
+            lifetimes.append(Lifetime(name, r.nbytes, start, max(start, last_use[name])))
+        elif r.origin == "gpu":
+            lifetimes.append(Lifetime(name, r.nbytes, r.producer_pos,
+                                      max(r.producer_pos, last_use.get(name, r.producer_pos))))
+    for st in sched.prologue + [st for seg in segments for st in seg.steps]:
+        for bname, where in st.buffers.items():
+            if where[0] == "scratch":
+                lifetimes.append(Lifetime(where[1], st.plan.buffers[bname].byte_size, st.pos, st.pos))
+    slot_of, slot_sizes = assign_buffers(lifetimes, cap)
+    return lifetimes, slot_of, slot_sizes
+
+
+# ----------------------------------------------------------------------------- 8. report
+
+
+def placement_report(nodes: Sequence[NodeInfo], kinds: Mapping[int, str], live: set[int],
+                     reasons: Mapping[int, str]) -> dict[int, tuple[str, str]]:
+    """Per node index: (kind, why) — kind ``unused`` for nodes no output depends on; why is
+    empty for GPU nodes."""
+    out: dict[int, tuple[str, str]] = {}
+    for info in nodes:
+        k = kinds[info.index] if info.index in live else "unused"
+        why = PLACEMENT_WHY.get(k, reasons.get(info.index, ""))
+        out[info.index] = (k, why if k != "gpu" else "")
+    return out
