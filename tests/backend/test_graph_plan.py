@@ -105,12 +105,17 @@ def _weights_model():
                  [w("wq", np.int8([1, 2, 3, 4])), w("ws", np.float32(0.5))])
 
 
-def test_constant_nodes_are_chains_of_constants_not_read_back():
+def _weights_phases():
+    """Phases 1-5 over the weights model: (infos, placement, live, roots, alias, once)."""
     _, infos, values = _weights_model()
     placed = gp.place(infos, values)
     live = gp.live_nodes(infos, placed.kinds, ["y", "w_out"])
     roots, alias = gp.value_roots(infos, placed.kinds, live, values, ["x"], ["wq", "ws"], ["y", "w_out"])
-    once = gp.constant_nodes(infos, placed.kinds, live, roots, alias, ["y", "w_out"])
+    return infos, placed, live, roots, alias, gp.constant_nodes(infos, placed.kinds, live, roots, alias, ["y", "w_out"])
+
+
+def test_constant_nodes_are_chains_of_constants_not_read_back():
+    infos, placed, live, roots, alias, once = _weights_phases()
     # the DQ of the weight and the Relu over it; not the Add (it reads a feed), not the Relu whose
     # value the caller reads back
     assert once == {0, 1}
@@ -144,11 +149,7 @@ def test_schedule_cuts_segments_only_where_a_host_node_reads_the_open_one():
 
 
 def test_constant_steps_go_to_the_prologue():
-    _, infos, values = _weights_model()
-    placed = gp.place(infos, values)
-    live = gp.live_nodes(infos, placed.kinds, ["y", "w_out"])
-    roots, alias = gp.value_roots(infos, placed.kinds, live, values, ["x"], ["wq", "ws"], ["y", "w_out"])
-    once = gp.constant_nodes(infos, placed.kinds, live, roots, alias, ["y", "w_out"])
+    infos, placed, live, roots, alias, once = _weights_phases()
     plans = {i.index: stand_in_plan(i) for i in infos}
     sched = gp.schedule(infos, placed.kinds, live, plans, roots, alias, once, placed.reasons,
                         lambda i: i.node.op_type, 256)
