@@ -29,6 +29,7 @@ import os
 import re
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -218,6 +219,11 @@ class GpuDevice:
         #: executor state per plan (buffers, bind groups, staging), see executor.py
         self.prepared: dict[int, Any] = {}
 
+    @property
+    def raw_recording(self) -> bool:
+        """Whether ``submit`` can record compacted dispatch runs through wgpu-native directly."""
+        return _raw_pass_functions() is not None
+
     def __repr__(self) -> str:
         return f"GpuDevice({self.info.name!r}, backend={self.info.backend}, limits={self.limits_mode})"
 
@@ -366,6 +372,7 @@ class GpuDevice:
         read_size: int | None = None,
         label: str = "run",
         timestamps: Any = None,
+        times: list | None = None,
     ) -> bytes | None:
         """Record an ordered list of commands into ONE command encoder and submit once.
 
@@ -377,17 +384,52 @@ class GpuDevice:
         With ``read`` (a MAP_READ staging buffer), map its first ``read_size`` bytes after
         the submit, return them and unmap. With ``timestamps`` (a profiler's
         ``TimestampQueries``), every dispatch gets its own pass whose beginning and end write
-        timestamps, resolved at the end of the encoder.
+        timestamps, resolved at the end of the encoder. A dispatch with a sixth element, the raw
+        (pipeline, bind group) handles, is recorded through wgpu-native's C functions directly
+        (wgpu-py's wrappers cost an error-capturing proxy and an ``ffi.new`` per call); errors
+        still surface at ``finish()``, caught and named as every other. ``times``: a list that
+        gets (seconds recording up to ``finish()``, seconds in ``queue.submit``).
         """
+        t0 = time.perf_counter()
         recorded: list[str] = []
+        raw = _raw_pass_functions() if timestamps is None else None
         with self.errors("recording commands", pass_id=label):
             encoder = self.device.create_command_encoder(label=label)
             cpass = None
+            last_pipeline = None
             for cmd in commands:
+                if cmd[0] == "dispatches" and raw is not None:  # executor.compact_program's runs
+                    if cpass is None:
+                        cpass = encoder.begin_compute_pass(label=label)
+                        handle, last_pipeline = cpass._internal, None
+                    set_pipeline, set_bind_group, dispatch, null = raw
+                    for pipeline, bind_group, x, y, z in cmd[1]:
+                        if pipeline != last_pipeline:
+                            set_pipeline(handle, pipeline)
+                            last_pipeline = pipeline
+                        set_bind_group(handle, 0, bind_group, 0, null)
+                        dispatch(handle, x, y, z)
+                    recorded.extend(cmd[2])
+                    continue
+                if cmd[0] == "dispatches":  # pragma: no cover - executor compacts only where raw_recording
+                    raise ValueError("compacted dispatches need wgpu-native's raw functions and no timestamps")
                 if cmd[0] == "dispatch":
-                    _, compiled, bind_group, grid, pass_label = cmd
+                    grid = cmd[3]
                     if min(grid) <= 0:
                         continue
+                    if raw is not None and len(cmd) > 5:
+                        if cpass is None:
+                            cpass = encoder.begin_compute_pass(label=label)
+                            handle, last_pipeline = cpass._internal, None
+                        pipeline, bind_group = cmd[5]
+                        if pipeline != last_pipeline:
+                            raw[0](handle, pipeline)
+                            last_pipeline = pipeline
+                        raw[1](handle, 0, bind_group, 0, raw[3])
+                        raw[2](handle, grid[0], grid[1], grid[2])
+                        recorded.append(cmd[4])
+                        continue
+                    _, compiled, bind_group, grid, pass_label = cmd[:5]
                     if timestamps is not None:
                         cpass = encoder.begin_compute_pass(label=pass_label,
                                                            timestamp_writes=timestamps.writes(len(recorded)))
@@ -415,11 +457,33 @@ class GpuDevice:
                 timestamps.resolve(encoder, len(recorded))
         shown = ",".join(recorded[:12]) + (f",... ({len(recorded)} dispatches)" if len(recorded) > 12 else "")
         with self.errors("finishing and submitting the command buffer", pass_id=shown or label):
-            self.queue.submit([encoder.finish()])
+            finished = encoder.finish()
+            t1 = time.perf_counter()
+            self.queue.submit([finished])
+        if times is not None:
+            times.append((t1 - t0, time.perf_counter() - t1))
         self.stats.submits += 1
         if read is not None:
             return self.read_staging(read, read_size)
         return None
+
+
+_RAW: tuple | None = None
+
+
+def _raw_pass_functions() -> tuple | None:
+    """wgpu-native's SetPipeline, SetBindGroup and DispatchWorkgroups for compute passes and a
+    NULL offsets pointer, or None where this wgpu build does not expose them."""
+    global _RAW
+    if _RAW is None:
+        try:
+            from wgpu.backends.wgpu_native._ffi import ffi, lib  # noqa: PLC0415
+
+            _RAW = (lib.wgpuComputePassEncoderSetPipeline, lib.wgpuComputePassEncoderSetBindGroup,
+                    lib.wgpuComputePassEncoderDispatchWorkgroups, ffi.NULL)
+        except (ImportError, AttributeError):  # pragma: no cover - another wgpu backend
+            _RAW = ()
+    return _RAW or None
 
 
 def _is_wgpu_error(e: BaseException) -> bool:

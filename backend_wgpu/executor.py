@@ -430,6 +430,8 @@ class GraphPlan:
     readback_layouts: dict[tuple, dict[int, list[tuple[str, int, int]]]] | None = None
     #: GPU nodes of constants only (``once`` roots), run once when the plan is prepared
     prologue: list[GpuStep] = None  # type: ignore[assignment]
+    #: (segment, requested roots) -> (flat command list, dispatches): a run's prebuilt program
+    programs: dict[tuple, tuple[list, int]] = None  # type: ignore[assignment]
     once_buffers: dict[str, Any] | None = None
 
     @property
@@ -590,8 +592,9 @@ def prepare_graph(device, gplan: GraphPlan, res: SessionResources, constants: Ma
                 bg = device.bind(compiled, entries, label=f"{step.label}/{p.id}",
                                  kernel=plan.kernel, variant=plan.variant, pass_id=p.id)
                 stats.bind_groups_created += 1
+                # the raw handles ride along for GpuDevice.submit's direct path
                 step.dispatches.append(("dispatch", compiled, bg, tuple(int(d) for d in p.dispatch),
-                                        f"{step.label}/{p.id}"))
+                                        f"{step.label}/{p.id}", (compiled.pipeline._internal, bg._internal)))
         if gplan.prologue:  # constants computed on the device, once per plan
             device.submit([c for st in gplan.prologue for c in st.dispatches], label="plan constants")
             stats.submits += 1
@@ -605,6 +608,7 @@ def prepare_graph(device, gplan: GraphPlan, res: SessionResources, constants: Ma
     gplan.uniform = uniform
     gplan.fold_buffers = fold_buffers
     gplan.readback_layouts = {}
+    gplan.programs = {}
     gplan.prepared = True
 
 
@@ -620,6 +624,7 @@ def release_graph(gplan: GraphPlan) -> None:
     gplan.staging_size = 0
     for step in gplan.gpu_steps:
         step.dispatches = None
+    gplan.programs = None
     gplan.prepared = False
 
 
@@ -709,6 +714,7 @@ def run_graph(
         elif r.on_device:
             upload_root(name, value)
     kept: dict[str, Any] = {}
+    program_key = tuple(sorted(wanted_roots))
     if profiler is not None:
         profiler.begin_run()
     for step in gplan.schedule:
@@ -727,31 +733,27 @@ def run_graph(
             upload_root(name, host_values[name])
         t_encode = time.perf_counter()
         entries = layout.get(seg.index, [])
-        offsets = {root: (off, n) for root, off, n in entries}
-        groups: list[tuple[GpuStep, list[tuple]]] = []
-        for gs in seg.steps:
-            cmds = pending + list(gs.dispatches)
-            pending = []
-            for root in gs.outputs:
-                src = gplan.slots[gplan.slot_of[root]] if root in offsets or root in kept_roots else None
-                if root in offsets:
-                    off, n = offsets[root]
-                    cmds.append(("copy", src, 0, gplan.staging, off, n))
-                if root in kept_roots:
-                    n = max(4, gplan.roots[root].nbytes)
-                    kept[root] = res.allocate(n, label=f"kept output {root}")
-                    cmds.append(("copy", src, 0, kept[root], 0, n))
-            groups.append((gs, cmds))
-        stats.dispatches += sum(1 for _, cmds in groups for c in cmds if c[0] == "dispatch" and min(c[3]) > 0)
         total = sum(n for _, _, n in entries)
         read, read_size, label = (gplan.staging if total else None), (total or None), f"segment {seg.index}"
+        cached = gplan.programs.get((seg.index, program_key)) if not (pending or profiler) else None
+        if cached is None:
+            groups = _segment_groups(gplan, seg, entries, kept_roots, pending, res, kept)
+            pending = []
+            flat = [c for _, cmds in groups for c in cmds]
+            cached = (compact_program(flat) if device.raw_recording else flat,
+                      sum(1 for c in flat if c[0] == "dispatch" and min(c[3]) > 0))
+            if not kept_roots.intersection(r for st in seg.steps for r in st.outputs) and profiler is None:
+                gplan.programs[(seg.index, program_key)] = cached  # the same every run: build it once
+        flat, n_dispatches = cached
+        stats.dispatches += n_dispatches
         if profiler is not None:
             raw = profiler.run_segment(groups, read=read, read_size=read_size, label=label)
         else:
-            # submit, then map: the host's encoding cost is the time up to the submit's return
-            device.submit([c for _, cmds in groups for c in cmds], label=label)
-            stats.host_encode_us += (time.perf_counter() - t_encode) * 1e6
-            raw = device.read_staging(read, read_size) if read is not None else None
+            # the host's encoding cost: building the command list and recording it, up to finish()
+            times: list[tuple[float, float]] = []
+            t_record = time.perf_counter()
+            raw = device.submit(flat, read=read, read_size=read_size, label=label, times=times)
+            stats.host_encode_us += ((t_record - t_encode) + times[0][0]) * 1e6
         stats.submits += 1
         if raw is None:
             continue
@@ -765,3 +767,42 @@ def run_graph(
         profiler.end_run()
     return host_values, kept
 
+
+
+def _segment_groups(gplan: GraphPlan, seg: Segment, entries: list, kept_roots: frozenset[str], pending: list,
+                    res: SessionResources, kept: dict[str, Any]) -> list[tuple[GpuStep, list[tuple]]]:
+    """A segment's commands per GPU step: ``pending`` copies (device feeds) first, each step's
+    dispatches, then the copies of what it produced into the read-back staging buffer (``entries``)
+    and into fresh buffers for outputs kept on the device (allocated here, put in ``kept``)."""
+    offsets = {root: (off, n) for root, off, n in entries}
+    groups: list[tuple[GpuStep, list[tuple]]] = []
+    for gs in seg.steps:
+        cmds = pending + list(gs.dispatches)
+        pending = []
+        for root in gs.outputs:
+            src = gplan.slots[gplan.slot_of[root]] if root in offsets or root in kept_roots else None
+            if root in offsets:
+                off, n = offsets[root]
+                cmds.append(("copy", src, 0, gplan.staging, off, n))
+            if root in kept_roots:
+                n = max(4, gplan.roots[root].nbytes)
+                kept[root] = res.allocate(n, label=f"kept output {root}")
+                cmds.append(("copy", src, 0, kept[root], 0, n))
+        groups.append((gs, cmds))
+    return groups
+
+
+def compact_program(commands: list[tuple]) -> list[tuple]:
+    """The same commands with every run of consecutive dispatches that carry raw handles folded
+    into one ``("dispatches", [(pipeline, bind group, x, y, z), ...], labels)``: what
+    ``GpuDevice.submit`` records in one tight loop of wgpu-native calls."""
+    out: list[tuple] = []
+    for c in commands:
+        if c[0] == "dispatch" and len(c) > 5 and min(c[3]) > 0:
+            if not out or out[-1][0] != "dispatches":
+                out.append(("dispatches", [], []))
+            out[-1][1].append(c[5] + tuple(c[3]))
+            out[-1][2].append(c[4])
+        elif c[0] != "dispatch" or min(c[3]) > 0:
+            out.append(c)
+    return out

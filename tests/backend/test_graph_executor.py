@@ -502,3 +502,33 @@ def test_constant_nodes_run_once_per_plan(best):
 
     ref = onnx.reference.ReferenceEvaluator(model).run(None, feeds)
     np.testing.assert_allclose(again[0], ref[0], rtol=1e-4, atol=1e-4)
+
+
+def test_compact_program_folds_runs_of_raw_dispatches_and_keeps_the_order():
+    from onnx_quant.backend_wgpu.executor import compact_program
+
+    d = lambda k, grid=(1, 1, 1): ("dispatch", f"c{k}", f"b{k}", grid, f"n{k}/main", (10 + k, 20 + k))  # noqa: E731
+    copy = ("copy", "src", 0, "dst", 0, 4)
+    prog = compact_program([d(0), d(1, (2, 3, 1)), copy, d(2, (0, 1, 1)), d(3), ("dispatch", "c", "b", (1, 1, 1), "x")])
+    assert prog == [("dispatches", [(10, 20, 1, 1, 1), (11, 21, 2, 3, 1)], ["n0/main", "n1/main"]), copy,
+                    ("dispatches", [(13, 23, 1, 1, 1)], ["n3/main"]), ("dispatch", "c", "b", (1, 1, 1), "x")]
+
+
+def test_steady_runs_record_a_prebuilt_program(best):
+    """The second run reuses the plan's program (no per-run command building) and gives the
+    same bits; the host's encoding time is counted per run."""
+    from onnx_quant.backend_wgpu.session import Session
+
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="a"), helper.make_node("Relu", ["a"], ["y"], name="b")]
+    m = model(nodes, [vi("x", TP.FLOAT, [64])], [vi("y", TP.FLOAT, [64])])
+    s = Session(m, device=best)
+    x = rand(64)
+    first = s.run(None, {"x": x})[0]
+    gplan = next(iter(s._plans.values()))
+    assert len(gplan.programs) == 1
+    (program, n), = gplan.programs.values()
+    assert n == 2 and program[0][0] == ("dispatches" if best.raw_recording else "dispatch")
+    again = s.run(None, {"x": x})[0]
+    assert again.tobytes() == first.tobytes() == np.maximum(x, 0).tobytes()
+    assert len(gplan.programs) == 1 and s.last_run_stats["host_encode_us"] > 0
+    assert s.last_run_stats["dispatches"] == 2
