@@ -194,6 +194,32 @@ def ort_optimized_nodes(model) -> int:
         return len(onnx.load(so.optimized_model_filepath).graph.node)
 
 
+def raw_call_floor_us(session, repeat: int = 9) -> float:
+    """µs per dispatch of the three wgpu-native calls alone (set pipeline, set bind group,
+    dispatch) over the session's prebuilt plan, in one compute pass: the floor any Python host
+    loop pays on this machine, measured beside the session's own recording cost."""
+    from wgpu.backends.wgpu_native._ffi import ffi, lib  # noqa: PLC0415
+
+    gplan = next(iter(session._plans.values()))
+    program = [c[5] + c[3] for st in gplan.gpu_steps for c in st.dispatches]
+    calls = (lib.wgpuComputePassEncoderSetPipeline, lib.wgpuComputePassEncoderSetBindGroup,
+             lib.wgpuComputePassEncoderDispatchWorkgroups)
+    times = []
+    for _ in range(repeat):
+        encoder = session.device.device.create_command_encoder()
+        cpass = encoder.begin_compute_pass()
+        h = cpass._internal
+        t0 = time.perf_counter()
+        for p, b, x, y, z in program:
+            calls[0](h, p)
+            calls[1](h, 0, b, 0, ffi.NULL)
+            calls[2](h, x, y, z)
+        times.append((time.perf_counter() - t0) / max(1, len(program)) * 1e6)
+        cpass.end()
+        session.device.queue.submit([encoder.finish()])
+    return statistics.median(times)
+
+
 def write_plots(result: dict[str, Any], directory: str) -> list[str]:
     """Latency per model (GPU and onnxruntime CPU) and dispatches per model (beside the nodes
     onnxruntime runs after its optimizations), as PNGs in ``directory``."""
@@ -238,6 +264,7 @@ def bench_one(name: str, model, feeds, *, device, repeat: int, timer: PhaseTimer
             row["first_run_ms"] = (time.perf_counter() - t0) * 1e3
             submits0 = device.stats.submits
             dispatches0 = session.stats.dispatches
+            encode0 = session.stats.host_encode_us
             comp0 = device.pipelines.compilations
             timer.reset()
             timer.active = True
@@ -248,6 +275,10 @@ def bench_one(name: str, model, feeds, *, device, repeat: int, timer: PhaseTimer
             row["runs"] = n
             row["submits_per_run"] = (device.stats.submits - submits0) / n
             row["dispatches_per_run"] = (session.stats.dispatches - dispatches0) / n
+            row["host_encode_us_per_dispatch"] = ((session.stats.host_encode_us - encode0)
+                                                  / max(1, session.stats.dispatches - dispatches0))
+            if model.graph.name == "chain":
+                row["raw_floor_us_per_dispatch"] = raw_call_floor_us(session)
             row["compilations_after_warmup"] = device.pipelines.compilations - comp0
             # where the time goes, as means over the same runs (host = the rest of a run)
             split = {k: v / n * 1e3 for k, v in timer.totals.items()}
@@ -322,13 +353,14 @@ def _host_ops(nodes: list[str]) -> str:
 def format_markdown(result: dict[str, Any]) -> str:
     lines = [f"Device: {result['device']}; median of {result['repeat']} runs after a warm-up "
              "(the split of a run: means over the same runs).", "",
-             "| model | nodes | ort nodes (optimized) | dispatches per run | GPU ms | onnxruntime ms | GPU / ort "
+             "| model | nodes | ort nodes (optimized) | dispatches per run | host µs per dispatch | GPU ms "
+             "| onnxruntime ms | GPU / ort "
              "| submits per run | host % | upload % | submit % "
              "| wait + read-back % | nodes on the host | max \\|diff\\| vs ort |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for r in result["rows"]:
         if "gpu_ms" not in r:
-            lines.append(f"| {r['model']} | {r['nodes']} | {r.get('ort_nodes_optimized', '')} | | — "
+            lines.append(f"| {r['model']} | {r['nodes']} | {r.get('ort_nodes_optimized', '')} | | | — "
                          f"| {_f(r.get('ort_ms'), '.3f')} | | | | | | | "
                          f"{_short_error(r.get('gpu_error', ''))} | |")
             continue
@@ -337,12 +369,17 @@ def format_markdown(result: dict[str, Any]) -> str:
         pct = {k: 100.0 * v / total for k, v in s.items()}
         lines.append(
             f"| {r['model']} | {r['nodes']} | {r.get('ort_nodes_optimized', '')} | {_f(r.get('dispatches_per_run'), '.0f')} "
+            f"| {_f(r.get('host_encode_us_per_dispatch'), '.1f')} "
             f"| {_f(r['gpu_ms'])} | {_f(r.get('ort_ms'), '.3f')} | {_f(r.get('ratio'), '.0f')} "
             f"| {_f(r['submits_per_run'], '.0f')} | {pct['host']:.0f} | {pct['upload']:.0f} | {pct['submit']:.0f} "
             f"| {pct['wait+read']:.0f} | {_host_ops(r['host_nodes'])} | {_f(r.get('max_abs_diff_vs_ort'), '.3g')} |")
     for r in result["rows"]:
         if "gpu_us_per_node" in r:
             lines.append("")
+            if "raw_floor_us_per_dispatch" in r:
+                lines.append(f"Host recording ({r['model']}): {r['host_encode_us_per_dispatch']:.2f} µs per dispatch; "
+                             f"the three raw wgpu-native calls alone, same process: "
+                             f"{r['raw_floor_us_per_dispatch']:.2f} µs.")
             lines.append(f"Per-node overhead ({r['model']}): GPU {r['gpu_us_per_node']:.1f} µs per node "
                          f"(host side {r['split_ms']['host'] * 1e3 / r['nodes']:.1f} µs), onnxruntime "
                          f"{r.get('ort_us_per_node', float('nan')):.2f} µs per node.")
