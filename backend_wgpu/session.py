@@ -51,6 +51,7 @@ from onnx_quant.backend_wgpu.graph_plan import NodeInfo as _NodeInfo
 from onnx_quant.backend_wgpu.executor import (
     GraphPlan, HostStep, Segment, SessionResources, SessionStats, prepare_graph, release_graph, run_graph,
 )
+from onnx_quant.backend_wgpu.host_rewrites import host_node
 from onnx_quant.backend_wgpu.host_sizes import check_host_node
 from onnx_quant.backend_wgpu.locking import holding
 from onnx_quant.backend_wgpu.model_check import check_host_outputs, static_values
@@ -444,11 +445,15 @@ class Session:
 
         node = info.node
         inputs = [n for n in dict.fromkeys(list(node.input) + list(info.implicit)) if n]
+        opset = next((o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        host, host_opset = host_node(node, opset, info.label)  # where onnx.reference needs it said otherwise
+        imports = [onnx.helper.make_opsetid("", host_opset) if o.domain in ("", "ai.onnx") else o
+                   for o in self.model.opset_import]
         graph = onnx.helper.make_graph(
-            [node], f"host_{info.label}",
+            [host], f"host_{info.label}",
             [onnx.ValueInfoProto(name=n) for n in inputs],
             [onnx.ValueInfoProto(name=n) for n in node.output if n])
-        one = onnx.helper.make_model(graph, opset_imports=list(self.model.opset_import),
+        one = onnx.helper.make_model(graph, opset_imports=imports,
                                      ir_version=self.model.ir_version, functions=list(self.model.functions))
         try:
             with warnings.catch_warnings():
