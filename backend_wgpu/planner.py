@@ -25,7 +25,7 @@ from onnx_quant.backend_wgpu.spec import (
     Derive, KernelSpec, Pass, PassBinding, StructMember, Variant, wgsl_scalar_of, wgsl_type_layout,
 )
 from onnx_quant.dtypes import UnknownElementType, element_type
-from onnx_quant.errors import ExecutionError, ExpressionError, SpecError
+from onnx_quant.errors import ExecutionError, ExpressionError, KernelRejected, SpecError
 
 __all__ = [
     "plan_node", "describe", "NodePlan", "UniformField", "UniformLayout", "uniform_layout",
@@ -203,6 +203,10 @@ class _Where:
         parts.append(k)
         return ": ".join(parts)
 
+    def rejection(self, clause: str) -> KernelRejected:
+        """The kernel declines the node: a typed error the session sends to the host."""
+        return KernelRejected(self.node, self.spec.name, clause, where=self())
+
 
 def _eval(value: Any, env: Env, where: str, fld: str) -> Any:
     try:
@@ -300,11 +304,10 @@ def plan_node(
             raise ExecutionError(f"{where()}: {n!r}: {e}") from None
         allowed = spec.type_constraints[decl.dtype]
         if dt not in allowed:
-            raise ExecutionError(f"{where()}: {n!r} has type {dt}, but {decl.dtype} allows only "
-                                 f"{', '.join(allowed)}")
+            raise where.rejection(f"{n!r} has type {dt}, but {decl.dtype} allows only {', '.join(allowed)}")
         if decl.dtype in bound and bound[decl.dtype][0] != dt:
-            raise ExecutionError(f"{where()}: {n!r} has type {dt} but {bound[decl.dtype][1]!r} has "
-                                 f"{bound[decl.dtype][0]}; both are {decl.dtype}")
+            raise where.rejection(f"{n!r} has type {dt} but {bound[decl.dtype][1]!r} has "
+                         f"{bound[decl.dtype][0]}; both are {decl.dtype}")
         bound.setdefault(decl.dtype, (dt, n))
         io_types[n] = dt
     # an absent input takes the type its constraint is bound to, else the first allowed
@@ -329,11 +332,11 @@ def plan_node(
         if decl.rank is not None:
             r = _eval(decl.rank, env_top, where(), f"{n}.rank")
             if r != len(shp[n]):
-                raise ExecutionError(f"{where()}: {n!r} must have rank {r}, found shape {shp[n]}")
+                raise where.rejection(f"{n!r} must have rank {r}, found shape {shp[n]}")
         if decl.shape is not None:
             s = _eval(decl.shape, env_top, where(), f"{n}.shape")
             if tuple(s) != shp[n]:
-                raise ExecutionError(f"{where()}: {n!r} must have shape {tuple(s)}, found {shp[n]}")
+                raise where.rejection(f"{n!r} must have shape {tuple(s)}, found {shp[n]}")
 
     # 2. selection
     selection: dict[str, str | None] = {}
@@ -352,7 +355,7 @@ def plan_node(
         candidates = [v for v in ranked if selection[v.id] is None]
         if not candidates:
             why = "; ".join(f"{vid}: {clause!r} is false" for vid, clause in selection.items())
-            raise ExecutionError(f"{where()}: no variant applies ({why})")
+            raise where.rejection(f"no variant applies ({why})")
         chosen = candidates[0]
 
     # 3. variant derive
@@ -429,16 +432,16 @@ def _node_attributes(spec: KernelSpec, attributes: Mapping[str, Any] | None, whe
     for n in given:
         if n not in spec.attributes:
             declared = ", ".join(spec.attributes) or "none"
-            raise ExecutionError(f"{where()}: attribute {n!r} is not supported by kernel {spec.name} "
-                                 f"(declared attributes: {declared})")
+            raise where.rejection(f"attribute {n!r} is not supported by kernel {spec.name} "
+                                  f"(declared attributes: {declared})")
     out: dict[str, Any] = {}
     for n, decl in spec.attributes.items():
         if n in given and given[n] is not None:
             try:
                 out[n] = _attribute_value(given[n])
             except TypeError as e:
-                raise ExecutionError(f"{where()}: attribute {n!r}: a {e} value is not supported "
-                                     f"(ints, floats, strings and lists of them are)") from None
+                raise where.rejection(f"attribute {n!r}: a {e} value is not supported (ints, floats, strings and lists "
+                             f"of them are)") from None
         elif decl.required:
             raise ExecutionError(f"{where()}: required attribute {n!r} not given")
         else:

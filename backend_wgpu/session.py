@@ -51,11 +51,12 @@ from onnx_quant.backend_wgpu.graph_plan import NodeInfo as _NodeInfo
 from onnx_quant.backend_wgpu.executor import (
     GraphPlan, HostStep, Segment, SessionResources, SessionStats, prepare_graph, release_graph, run_graph,
 )
+from onnx_quant.backend_wgpu.host_rewrites import host_node
 from onnx_quant.backend_wgpu.host_sizes import check_host_node
 from onnx_quant.backend_wgpu.locking import holding
 from onnx_quant.backend_wgpu.model_check import check_host_outputs, static_values
 from onnx_quant.dtypes import element_type, type_name
-from onnx_quant.errors import ExecutionError, HostFallbackWarning, QuantError
+from onnx_quant.errors import ExecutionError, HostFallbackWarning, KernelRejected, QuantError
 from onnx_quant.budget import resolve as resolve_budget
 from onnx_quant.inference.dims import is_anonymous
 from onnx_quant.model_io import initializer_arrays, load_model
@@ -63,9 +64,6 @@ from onnx_quant.model_io import initializer_arrays, load_model
 #: planner messages that mean "this kernel does not take this node" (its variants' ``when``
 #: clauses, declared ranks/shapes, type constraints, attribute values): such a node runs on
 #: the host; every other planning error (device limits, ...) is raised
-_KERNEL_REJECTS = ("no variant applies", "must have rank", "must have shape", "allows only", "has type",
-                   "is not supported by kernel", "value is not supported")
-
 #: graph plans (device buffers included) a session keeps; the least recently used is released
 MAX_PLANS = 16
 
@@ -447,11 +445,15 @@ class Session:
 
         node = info.node
         inputs = [n for n in dict.fromkeys(list(node.input) + list(info.implicit)) if n]
+        opset = next((o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        host, host_opset = host_node(node, opset, info.label)  # where onnx.reference needs it said otherwise
+        imports = [onnx.helper.make_opsetid("", host_opset) if o.domain in ("", "ai.onnx") else o
+                   for o in self.model.opset_import]
         graph = onnx.helper.make_graph(
-            [node], f"host_{info.label}",
+            [host], f"host_{info.label}",
             [onnx.ValueInfoProto(name=n) for n in inputs],
             [onnx.ValueInfoProto(name=n) for n in node.output if n])
-        one = onnx.helper.make_model(graph, opset_imports=list(self.model.opset_import),
+        one = onnx.helper.make_model(graph, opset_imports=imports,
                                      ir_version=self.model.ir_version, functions=list(self.model.functions))
         try:
             with warnings.catch_warnings():
@@ -644,14 +646,13 @@ class Session:
         try:
             plan = plan_node(spec, shapes=io_shapes, dtypes=io_types, device=self.device.info,
                              tunables=tun, variant=variant, node_label=info.label, attributes=_attributes(node))
-        except ExecutionError as e:
-            if variant is not None or not any(m in str(e) for m in _KERNEL_REJECTS):
-                # a forced variant that does not apply is the caller's error; a tensor beyond the
-                # device's limits (or a uniform value out of range) is refused, not sent to the host
+        except KernelRejected as e:
+            # a forced variant that does not apply is the caller's error; any other ExecutionError
+            # (a tensor beyond the device's limits, a uniform value out of range) is refused, not
+            # sent to the host
+            if variant is not None:
                 raise
-            why = str(e)
-            prefix = f"node {info.label!r}: "  # the planner names the node; the reason is read beside its name
-            return None, why[len(prefix):] if why.startswith(prefix) else why
+            return None, e.reason
         return plan, ""
 
     def _build_plan(self, key: tuple, shapes: Mapping[str, tuple[int, ...]]) -> GraphPlan:

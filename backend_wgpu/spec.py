@@ -257,6 +257,8 @@ class KernelSpec:
     directory: str
     description: str = ""
     attributes: dict[str, AttributeDecl] = field(default_factory=dict)
+    #: the last opset version this spec implements (None: every later one)
+    until_version: int | None = None
 
     @property
     def io(self) -> dict[str, TensorDecl]:
@@ -277,8 +279,8 @@ class KernelSpec:
 
 # --------------------------------------------------------------------------- loading
 
-_TOP_KEYS = {"domain", "name", "sinceVersion", "inputs", "outputs", "typeConstraints", "tunables",
-             "derive", "bindings", "variants", "description", "attributes"}
+_TOP_KEYS = {"domain", "name", "sinceVersion", "untilVersion", "inputs", "outputs", "typeConstraints",
+             "tunables", "derive", "bindings", "variants", "description", "attributes"}
 _TOP_REQUIRED = {"name", "sinceVersion", "inputs", "outputs", "typeConstraints", "variants"}
 _IO_KEYS = {"dtype", "rank", "shape", "optional"}
 _ATTRIBUTE_KEYS = {"default", "required", "description"}
@@ -340,9 +342,9 @@ def _is_ident(s: Any) -> bool:
 
 
 class _Loader:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, label: str | None = None) -> None:
         self.path = path
-        self.file = str(path)
+        self.file = label or str(path)  # what errors name: the file, or a table entry in it
         self.dir = path.parent
         self.used_bindings: set[str] = set()
 
@@ -512,14 +514,41 @@ class _Loader:
         except (ValueError, RecursionError) as e:
             raise SpecError(file, "<json>", f"invalid JSON: {e}") from None
 
-    def resolve(self, path: Path, chain: tuple[Path, ...]) -> Any:
-        """``path``'s JSON with its ``extends`` base (a ``*.base.json`` beside it, which may
-        extend another) merged under it: objects merge key by key, recursively; any other
-        value (arrays included) replaces the base's."""
-        raw = self.read_json(path)
-        if not isinstance(raw, dict) or "extends" not in raw:
-            return raw
-        file = str(path)
+    def resolve(self, path: Path, chain: tuple[Path, ...], raw: Any = None) -> Any:
+        """``path``'s JSON (or ``raw``, a document standing for it) with its ``extends`` base (a
+        ``*.base.json`` beside it, which may extend another) merged under it: objects merge key
+        by key, recursively; any other value (arrays included) replaces the base's; then the
+        document's ``passShaders`` replace the shader of the passes they name."""
+        raw = self.read_json(path) if raw is None else raw
+        file = self.file if path == self.path else str(path)
+        shaders = raw.pop("passShaders", None) if isinstance(raw, dict) else None
+        if isinstance(raw, dict) and "extends" in raw:
+            raw = self.merge_base(path, chain, raw, file)
+        return raw if shaders is None else self.override_shaders(raw, shaders, file)
+
+    def override_shaders(self, doc: dict, shaders: Any, file: str) -> dict:
+        """``doc`` with every pass whose id ``shaders`` names running that shader instead."""
+        if not isinstance(shaders, dict) or not all(isinstance(v, str) and v for v in shaders.values()):
+            raise SpecError(file, "passShaders", f"expected an object pass id -> shader file, found "
+                                                 f"{_json_type(shaders)}")
+        found: set[str] = set()
+        variants = []
+        for v in doc.get("variants", ()):
+            if isinstance(v, dict) and isinstance(v.get("passes"), list):
+                passes = []
+                for p in v["passes"]:
+                    if isinstance(p, dict) and p.get("id") in shaders:
+                        found.add(p["id"])
+                        p = {**p, "shader": shaders[p["id"]]}
+                    passes.append(p)
+                v = {**v, "passes": passes}
+            variants.append(v)
+        missing = sorted(set(shaders) - found)
+        if missing:
+            raise SpecError(file, "passShaders", f"no pass with id {', '.join(map(repr, missing))} in any variant")
+        return {**doc, "variants": variants}
+
+    def merge_base(self, path: Path, chain: tuple[Path, ...], raw: dict, file: str) -> dict:
         base_name = raw.pop("extends")
         if not isinstance(base_name, str) or not base_name:
             raise SpecError(file, "extends", f"expected the file name of a base spec, found {_json_type(base_name)}")
@@ -545,6 +574,9 @@ class _Loader:
             domain = self.string(top["domain"], "domain", nonempty=False) or DEFAULT_DOMAIN
         name = self.string(top["name"], "name")
         since = self.integer(top["sinceVersion"], "sinceVersion", minimum=1)
+        until = None
+        if "untilVersion" in top:
+            until = self.integer(top["untilVersion"], "untilVersion", minimum=since)
         description = self.string(top.get("description", ""), "description", nonempty=False)
 
         # typeConstraints
@@ -657,7 +689,7 @@ class _Loader:
             domain=domain, name=name, since_version=since, inputs=inputs, outputs=outputs,
             type_constraints=constraints, tunables=tunables, derive=top_derive, bindings=bindings,
             variants=tuple(variants), path=self.file, directory=str(self.dir), description=description,
-            attributes=attributes,
+            attributes=attributes, until_version=until,
         )
 
     def attribute_default(self, v: Any, fld: str) -> Any:
@@ -919,6 +951,13 @@ def load_spec(path: str | Path) -> KernelSpec:
     return _Loader(Path(path)).load()
 
 
+def load_spec_document(doc: Mapping[str, Any], path: str | Path, label: str) -> KernelSpec:
+    """Validate a spec document that a table generated (``extends`` resolved beside ``path``);
+    errors name ``label`` (e.g. ``elementwise.ops.json[Abs-6]``) as the file."""
+    loader = _Loader(Path(path), label=label)
+    return loader.spec(loader.resolve(Path(path), (), json.loads(json.dumps(doc))))
+
+
 # --------------------------------------------------------------------------- registry
 
 
@@ -946,11 +985,14 @@ class SpecRegistry:
         lst.sort(key=lambda s: s.since_version)
 
     def find(self, domain: str, op_type: str, version: int) -> KernelSpec | None:
-        """The spec for ``op_type`` with the highest sinceVersion <= ``version``, or None."""
+        """The spec for ``op_type`` with the highest sinceVersion <= ``version``, or None (also
+        when that spec's untilVersion is below ``version``)."""
         best = None
         for s in self._by_op.get((_norm_domain(domain), op_type), ()):
             if s.since_version <= version:
                 best = s
+        if best is not None and best.until_version is not None and version > best.until_version:
+            return None
         return best
 
     def ops(self) -> list[tuple[str, str]]:
@@ -980,4 +1022,8 @@ def load_specs(directory: str | Path | None = None) -> SpecRegistry:
     d = Path(directory) if directory is not None else templates_dir()
     if not d.is_dir():
         raise SpecError(str(d), "<directory>", "not a directory")
-    return SpecRegistry(load_spec(p) for p in sorted(d.glob("*.kernel.json")))
+    from onnx_quant.backend_wgpu.spec_tables import load_table  # noqa: PLC0415 (it imports this module)
+
+    files = [load_spec(p) for p in sorted(d.glob("*.kernel.json"))]
+    tables = [s for p in sorted(d.glob("*.ops.json")) for s in load_table(p)]
+    return SpecRegistry([*files, *tables])

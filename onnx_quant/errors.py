@@ -70,6 +70,30 @@ class ExecutionError(QuantError):
     """A run cannot proceed: bad feeds, a tensor beyond device limits, an unsupported node."""
 
 
+class KernelRejected(ExecutionError):
+    """A kernel (or every variant of it) declines a node: its dtypes, ranks, shapes or
+    attributes are outside what the spec covers, or no variant's ``when`` holds. The session
+    sends such a node to the host (or refuses it without fallback); a device limit exceeded
+    by a variant that was chosen is a plain ExecutionError instead, never a rejection.
+
+    ``node`` is the node's label, ``kernel`` the spec's name, ``clause`` the rule that
+    declined it (a spec clause or a constraint, in words)."""
+
+    def __init__(self, node: str, kernel: str, clause: str, *, where: str | None = None) -> None:
+        self.node = node
+        self.kernel = kernel
+        self.clause = clause
+        prefix = where if where is not None else (f"node {node!r}: kernel {kernel}" if node else f"kernel {kernel}")
+        super().__init__(f"{prefix}: {clause}")
+
+    @property
+    def reason(self) -> str:
+        """The message without the node's name (read beside it in fallback reports)."""
+        text = str(self)
+        prefix = f"node {self.node!r}: "
+        return text[len(prefix):] if self.node and text.startswith(prefix) else text
+
+
 class BudgetError(ExecutionError):
     """A host allocation (or upload) the model asks for is beyond the memory budget, or a size
     that cannot be an allocation (a negative dim): names the node or tensor, bytes and budget."""

@@ -1,0 +1,155 @@
+"""Operator tables (templates/*.ops.json) expanded into kernel specs, ``passShaders`` and
+``untilVersion``. Pure Python: no GPU needed. The oracle for types and versions is onnx.defs
+itself, read here directly (not through onnx_quant.opsets, which the expansion uses)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from onnx import defs, helper
+
+from onnx_quant.backend_wgpu.spec import load_spec, load_specs, templates_dir
+from onnx_quant.backend_wgpu.spec_tables import load_table
+from onnx_quant.errors import SpecError
+
+TABLE = templates_dir() / "elementwise.ops.json"
+ENTRIES = json.loads(TABLE.read_text())["ops"]
+SPECS = load_specs()
+
+_NP_NAME = {"float": "float32", "double": "float64"}
+
+
+def _schema_types(op: str, version: int, io_index: int, output: bool) -> set[str]:
+    """Element type names onnx.defs allows for one input/output of the schema in force."""
+    s = defs.get_schema(op, version, "")
+    formal = (s.outputs if output else s.inputs)[io_index]
+    allowed = next((tc.allowed_type_strs for tc in s.type_constraints if tc.type_param_str == formal.type_str),
+                   [formal.type_str])
+    names = set()
+    for t in allowed:
+        if t.startswith("tensor("):
+            name = t[len("tensor("):-1]
+            names.add(_NP_NAME.get(name, name))
+    return names
+
+
+def _versions(op: str) -> list[int]:
+    return sorted({s.since_version for s in defs.get_all_schemas_with_history() if s.name == op and s.domain == ""})
+
+
+@pytest.mark.parametrize("op", sorted(ENTRIES))
+def test_every_schema_version_gets_the_table_types_onnx_defs_allows(op):
+    entry = ENTRIES[op]
+    top = max(v for v in _versions(op))
+    for version in [v for v in _versions(op) if v >= entry["since"]] + [top + 3]:
+        spec = SPECS.find("", op, version)
+        assert spec is not None and spec.path.endswith("elementwise.ops.json[%s-%d]" % (op, spec.since_version))
+        schema_version = min(version, top)
+        for constraint, types in entry["types"].items():
+            ios = [(i, out) for out, decls in ((False, spec.inputs), (True, spec.outputs))
+                   for i, d in enumerate(decls.values()) if d.dtype == constraint]
+            expected = [t for t in types if all(t in _schema_types(op, schema_version, i, out) for i, out in ios)]
+            assert list(spec.type_constraints[constraint]) == expected, (op, version, constraint)
+    assert SPECS.find("", op, entry["since"] - 1) is None  # before its first version: no kernel
+
+
+@pytest.mark.parametrize("op", sorted(op for op, e in ENTRIES.items() if e.get("attributes")))
+def test_attribute_defaults_are_onnx_defaults(op):
+    schema = defs.get_schema(op, 100, "")
+    for name, default in ENTRIES[op]["attributes"].items():
+        onnx_default = helper.get_attribute_value(schema.attributes[name].default_value)
+        assert type(default) is type(onnx_default) and default == pytest.approx(onnx_default, rel=1e-7), name
+        assert SPECS.find("", op, 100).attributes[name].default == default
+
+
+def _copy_family(tmp_path, table: dict):
+    for name in ("elementwise_unary.base.json", "elementwise-expr.wgsl.jinja", "elementwise.wgsl.jinja"):
+        shutil.copy(templates_dir() / name, tmp_path / name)
+    path = tmp_path / "t.ops.json"
+    path.write_text(json.dumps(table))
+    return path
+
+
+def _table(**op):
+    entry = {"family": "unary", "since": 6, "types": {"T": ["float32", "float16"]}, "expr": "abs(a)", **op}
+    return {"families": {"unary": {"extends": "elementwise_unary.base.json", "inputs": {"x": "T"},
+                                   "outputs": {"y": "T"}}},
+            "ops": {"Abs": entry}}
+
+
+def test_a_table_entry_is_a_spec_per_version_where_the_types_change(tmp_path):
+    specs = load_table(_copy_family(tmp_path, _table(types={"T": ["float32", "int8", "int16"]})))
+    # Abs-6 and -13 allow the same of these three, so one spec serves both
+    assert [(s.since_version, s.type_constraints["T"]) for s in specs] == [(6, ("float32", "int8", "int16"))]
+    assert specs[0].derive.as_dict()["exprs"].text == json.dumps(["*", "abs(a)"])
+
+
+def test_until_ends_an_entry(tmp_path):
+    (spec,) = load_table(_copy_family(tmp_path, _table(until=12)))
+    assert spec.until_version == 12
+    from onnx_quant.backend_wgpu.spec import SpecRegistry
+
+    reg = SpecRegistry([spec])
+    assert reg.find("", "Abs", 12) is spec and reg.find("", "Abs", 13) is None
+
+
+@pytest.mark.parametrize("change, field, reason", [
+    ({"since": 7}, "ops.Abs.since", "Abs has no schema of version 7 in onnx.defs"),
+    ({"family": "binary"}, "ops.Abs.family", "unknown family 'binary'"),
+    ({"types": {"T": ["float64"], "T1": ["bool"]}}, "ops.Abs.types", "expected the element types of ['T']"),
+    ({"types": {"T": ["bool"]}}, "ops.Abs.types.T", "Abs-6 allows none of ['bool']"),
+    ({"attributes": {"alpha": 1.0}}, "ops.Abs.attributes.alpha", "Abs-6 has no attribute 'alpha'"),
+    ({"expr": {"f64": "a"}}, "ops.Abs.expr.f64", "a WGSL expression"),
+])
+def test_table_errors_name_the_file_and_the_entry(tmp_path, change, field, reason):
+    path = _copy_family(tmp_path, _table(**change))
+    with pytest.raises(SpecError) as e:
+        load_table(path)
+    assert e.value.file == str(path) and e.value.field == field and reason in e.value.reason
+
+
+def test_a_generated_spec_error_names_the_table_entry(tmp_path):
+    table = _table()
+    table["families"]["unary"]["outputs"] = {"y": "T", "z": "T"}  # Abs has one output
+    with pytest.raises(SpecError, match=r"ops.Abs: Abs-6 has no output 1 for 'z'"):
+        load_table(_copy_family(tmp_path, table))
+    table = _table(expr="abs(a)", description=3)
+    with pytest.raises(SpecError) as e:
+        load_table(_copy_family(tmp_path, table))
+    assert e.value.file == "t.ops.json[Abs-6]" and e.value.field == "description"
+
+
+def test_pass_shaders_override_a_base_pass(tmp_path):
+    for name in ("elementwise_unary.base.json", "elementwise-expr.wgsl.jinja", "elementwise.wgsl.jinja"):
+        shutil.copy(templates_dir() / name, tmp_path / name)
+    member = {"name": "Foo", "sinceVersion": 1, "extends": "elementwise_unary.base.json",
+              "typeConstraints": {"T": ["float32"]}, "derive": {"op": "\"Foo\""},
+              "passShaders": {"main": "elementwise.wgsl.jinja"}}
+    (tmp_path / "foo.kernel.json").write_text(json.dumps(member))
+    spec = load_spec(tmp_path / "foo.kernel.json")
+    assert {p.shader for v in spec.variants for p in v.passes} == {"elementwise.wgsl.jinja"}
+    base = load_spec_from_base(tmp_path)
+    assert {p.shader for v in base.variants for p in v.passes} == {"elementwise-expr.wgsl.jinja"}
+    member["passShaders"] = {"finalize": "elementwise.wgsl.jinja"}
+    (tmp_path / "foo.kernel.json").write_text(json.dumps(member))
+    with pytest.raises(SpecError, match="passShaders: no pass with id 'finalize' in any variant"):
+        load_spec(tmp_path / "foo.kernel.json")
+    member["passShaders"] = {"main": "missing.wgsl.jinja"}
+    (tmp_path / "foo.kernel.json").write_text(json.dumps(member))
+    with pytest.raises(SpecError, match="missing.wgsl.jinja"):
+        load_spec(tmp_path / "foo.kernel.json")
+
+
+def load_spec_from_base(tmp_path):
+    """The base completed without passShaders: its own shader."""
+    doc = {"name": "Bar", "sinceVersion": 1, "extends": "elementwise_unary.base.json",
+           "typeConstraints": {"T": ["float32"]}, "derive": {"op": "\"Bar\""}}
+    (tmp_path / "bar.kernel.json").write_text(json.dumps(doc))
+    return load_spec(tmp_path / "bar.kernel.json")
+
+
+def test_the_shipped_table_covers_ops_that_no_kernel_file_repeats():
+    files = {json.loads(p.read_text())["name"] for p in templates_dir().glob("*.kernel.json")}
+    assert not files & set(ENTRIES), files & set(ENTRIES)
