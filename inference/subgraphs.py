@@ -7,8 +7,8 @@ A body is walked like the main graph, in a scope that reads the enclosing graphs
 
 - ``If``: both branches are inferred; with a constant condition the taken branch's types are
   the outputs; otherwise the two branches' types are merged per output: equal dims stay,
-  dims that differ become a fresh symbol named after the output (``y_dim1``), a dim unknown
-  in either branch stays unknown, a rank that differs makes the rank unknown.
+  dims that differ become a fresh symbol named after the output (``y_dim1``), so does a dim
+  unknown in either branch, a rank that differs makes the rank unknown.
 - ``Loop``: the body sees ``iteration_num`` (int64 scalar), ``cond`` (bool scalar) and the
   loop-carried values. A carried value's type is the merge (as for ``If``) of its initial
   type and the body's output for it, found by re-inferring the body until the merge is
@@ -49,7 +49,8 @@ def handles(op: str, since_version: int) -> bool:
 # ------------------------------------------------------------------ type merging
 def union(a: TensorInfo, b: TensorInfo, base: str) -> TensorInfo:
     """The type of a value that is either ``a`` or ``b``: equal dims stay, different dims
-    become the fresh symbol ``<base>_dim<i>``, unknown stays unknown."""
+    become the fresh symbol ``<base>_dim<i>``, and so does a dim unknown in either (it is some
+    size, as onnx's ``unk__`` symbols say; silero-vad's If on its sample rate needs it)."""
     from onnx_quant.inference.engine import symbol_for
 
     elem_type = a.elem_type or b.elem_type
@@ -57,9 +58,7 @@ def union(a: TensorInfo, b: TensorInfo, base: str) -> TensorInfo:
         return TensorInfo(elem_type, None)
     shape = []
     for i, (x, y) in enumerate(zip(a.shape, b.shape)):
-        if x is None or y is None:
-            shape.append(None)
-        elif x == y:
+        if x == y and x is not None:
             shape.append(x)
         else:
             shape.append(symbol_for(base, f"dim{i}"))
