@@ -72,6 +72,15 @@ class Dim:
             raise ValueError(f"a symbol needs a non-empty name, got {name!r}")
         return Dim((((_Sym(name),), 1),))
 
+    def __hash__(self) -> int:
+        # the value a frozen dataclass computes, hash((terms,)), but once per Dim: hashing the
+        # nested terms costs microseconds, and memo keys, value keys and the rules' dicts and
+        # sets hash the same dims over and over
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = hash((self.terms,))
+        return h
+
     def __lt__(self, other: "Dim") -> bool:  # for sorting max() args canonically
         return self.text() < other.text()
 

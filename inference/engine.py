@@ -77,6 +77,9 @@ SOURCE_FAILED = "failed"
 SOURCE_DECLARED = "declared"
 
 _GRAPH_ATTRS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+_ATTR_TENSOR = onnx.AttributeProto.TENSOR
+_EXTERNAL = onnx.TensorProto.EXTERNAL
+_TYPED_SOURCES = frozenset((SOURCE_RULE, SOURCE_FALLBACK, SOURCE_CONSTANT, SOURCE_FUNCTION))
 
 
 @dataclass(frozen=True)
@@ -620,9 +623,21 @@ class _Graph:
 
 
 class _NodeCtx(NodeContext):
-    """``NodeContext`` whose label names the enclosing node for nodes inside bodies."""
+    """``NodeContext`` whose label names the enclosing node for nodes inside bodies, and whose
+    input and output names are lists read from the proto once (``node_ctx`` sets them):
+    rules ask for them many times, and each protobuf read makes a new object."""
 
     prefix = ""
+    inputs: list
+    outputs: list
+
+    def input_name(self, i: int) -> str:
+        inputs = self.inputs
+        return inputs[i] if i < len(inputs) else ""
+
+    def output_name(self, i: int) -> str:
+        outputs = self.outputs
+        return outputs[i] if i < len(outputs) else ""
 
     @property
     def label(self) -> str:  # type: ignore[override]
@@ -647,7 +662,7 @@ class _Entry:
     """How nodes of one (domain, op_type) are typed under one set of opset imports."""
 
     __slots__ = ("kind", "domain", "op", "opset", "version", "rule", "schema", "required", "variadic",
-                 "source", "described", "memo", "function", "handler")
+                 "source", "described", "memo", "function", "handler", "folder")
 
     def __init__(self, kind: int, domain: str, op: str, opset: int | None) -> None:
         self.kind = kind
@@ -664,6 +679,7 @@ class _Entry:
         self.memo: dict | None = None  # rules and the fallback only
         self.function = None
         self.handler = None
+        self.folder = _FOLDERS.get(op) if domain == "" else None  # engine folding of its outputs
 
 
 # ------------------------------------------------------------------ the pass
@@ -694,6 +710,7 @@ class _Pass:
         self._texts: dict[int, tuple] = {}   # id(Dim) -> (Dim, dim_param text)
         self._interned: dict[int, tuple] = {}  # id(info) -> (info, key id, type bytes)
         self._key_ids: dict[tuple, int] = {}
+        self._encoded: dict[tuple, bytes] = {}  # (elem_type, shape) -> TypeProto bytes
         self._content_ids: dict[int, tuple] = {}  # id(TensorProto) -> (proto, content key id)
         self._data_bytes: dict[int, tuple] = {}  # id(info) -> (info, TensorProto bytes or None)
         self._dispatch_tables: dict[tuple, dict] = {}
@@ -739,6 +756,7 @@ class _Pass:
         record = records.append if records is not None else None
         has_functions = bool(self.functions)
         slow = self._slow_node
+        typed_constant = self._typed_constant
         content_key = self._content_key
         index = -1
         for node in g.nodes:
@@ -749,7 +767,8 @@ class _Pass:
                 entry = self._entry(g, node, dkey)
             memo = entry.memo
             if memo is None:  # constants, control flow, functions, unknown ops: never memoized
-                slow(g, index, node, entry, None)
+                if entry.kind is not _K_CONSTANT or not typed_constant(g, index, node, entry):
+                    slow(g, index, node, entry, None)
                 continue
             inputs = node.input[:]
             key: list | None = list(map(kids_get, inputs))  # kids[""] is 0: an absent optional input
@@ -786,9 +805,9 @@ class _Pass:
                 if cached is _NEVER:  # ... big ones: not memoized at all
                     slow(g, index, node, entry, None)
                     continue
-                cached = memo.get(content_key(g, node, key, cached.indices))
+                cached = memo.get(content_key(g, inputs, key, cached.indices))
             if cached is None:
-                slow(g, index, node, entry, key)
+                slow(g, index, node, entry, key, inputs, outputs)
                 continue
             if single:
                 if contains(single):
@@ -1000,10 +1019,9 @@ class _Pass:
         return _schema_facts(domain, op_type, opset)[0]
 
     # -- one node
-    def _content_key(self, g: _Graph, node, key: tuple, indices: frozenset) -> tuple:
-        """``key`` extended by the content of the constant inputs at ``indices``."""
+    def _content_key(self, g: _Graph, inputs, key: tuple, indices: frozenset) -> tuple:
+        """``key`` extended by the content of the constant inputs (names) at ``indices``."""
         scope = g.scope
-        inputs = node.input
         parts = [key, indices]
         for i in sorted(indices):
             name = inputs[i]
@@ -1036,9 +1054,12 @@ class _Pass:
         self._content_ids[id(proto)] = (proto, kid)
         return kid
 
-    def node_ctx(self, g: _Graph, index: int, node, entry: _Entry) -> _NodeCtx:
+    def node_ctx(self, g: _Graph, index: int, node, entry: _Entry, inputs: list | None = None,
+                 outputs: list | None = None) -> _NodeCtx:
         n = _NodeCtx(node, index, g.scope, entry.version or 0, entry.opset or 0)
         n.prefix = g.prefix
+        n.inputs = node.input[:] if inputs is None else inputs
+        n.outputs = node.output[:] if outputs is None else outputs
         return n
 
     def _redefined(self, g: _Graph, index: int, node, name: str) -> None:
@@ -1047,13 +1068,44 @@ class _Pass:
         self.raise_or_record(n.error(
             "single-assignment", f"output {name!r} is already defined ({g.typed_by.get(name, 'earlier')})"))
 
-    def _slow_node(self, g: _Graph, index: int, node, entry: _Entry, key: tuple | None) -> None:
-        n = self.node_ctx(g, index, node, entry)
+    def _typed_constant(self, g: _Graph, index: int, node, entry: _Entry) -> bool:
+        """A well-formed ``Constant`` (one value attribute, one new output, no inputs) typed from
+        its attribute with no ``NodeContext``: torch writes every shape constant as one, a third
+        of an exported model's nodes. False leaves the node to :meth:`_slow_node`, which types
+        it the same way and reports whatever is wrong with it."""
+        outputs = node.output
+        if len(outputs) != 1 or node.input:
+            return False
+        name = outputs[0]
+        scope = g.scope
+        if not name or (name in scope._values if scope.parent is None else name in scope):
+            return False
+        info = self._constant_info(node.attribute)
+        if info is None:
+            return False
+        scope._values[name] = info
+        rec = self._interned.get(id(info)) or self._intern(info)
+        scope.kids[name] = rec[1]
+        g.typed_by[name] = entry.described
+        if name in g.declared:
+            self._merge_declared(g, self.node_ctx(g, index, node, entry), name, info)
+        g.produced.append(name)
+        if g.records is not None:
+            g.records.append((SOURCE_CONSTANT, entry.version))
+        return True
+
+    def _slow_node(self, g: _Graph, index: int, node, entry: _Entry, key: tuple | None,
+                   inputs: list | None = None, outputs: list | None = None) -> None:
+        """Type one node the memo could not: its rule, onnx's fallback, a body, a function.
+        ``key`` (with the ``inputs`` and ``outputs`` the walk read) when the memo may keep the
+        result; without one the inputs are checked to be defined first."""
+        n = self.node_ctx(g, index, node, entry, inputs, outputs)
+        outputs = n.outputs
         scope = g.scope
         if key is None:  # with a key every input was found already
             self._check_inputs_defined(g, n)
         contains = scope._values.__contains__ if scope.parent is None else scope.__contains__
-        for name in node.output:
+        for name in outputs:
             if name and contains(name):
                 self._redefined(g, index, node, name)
         kind = entry.kind
@@ -1061,7 +1113,12 @@ class _Pass:
         log = self.owner.log
         log.clear()
         source = SOURCE_UNKNOWN
-        if kind is _K_NO_OPSET:
+        if kind is _K_RULE:  # the common case first
+            if self._required_present(n, entry):
+                source = SOURCE_RULE if self._run_rule(entry.rule, n) else SOURCE_FAILED
+            else:
+                source = SOURCE_FAILED
+        elif kind is _K_NO_OPSET:
             self.raise_or_record(n.error(
                 "opset-import", f"domain {entry.domain or 'ai.onnx'!r} is not in the model's opset_import"))
         elif kind is _K_CONSTANT:
@@ -1083,22 +1140,21 @@ class _Pass:
             self._unknown_op(n, entry)
         elif not self._required_present(n, entry):
             source = SOURCE_FAILED
-        elif kind is _K_RULE:
-            source = SOURCE_RULE if self._run_rule(entry.rule, n) else SOURCE_FAILED
         elif kind is _K_FALLBACK:
             source = self._fallback(entry.schema, n)
         else:  # _K_CONTROL
             source = SOURCE_RULE if entry.handler(self, g, n) else SOURCE_FAILED
-        ok = source in (SOURCE_RULE, SOURCE_FALLBACK, SOURCE_CONSTANT, SOURCE_FUNCTION)
-        if ok:
-            self._fold(n)
+        ok = source in _TYPED_SOURCES
+        if ok and entry.folder is not None:
+            self._fold(n, entry.folder)
         values = scope._values
         described = entry.described if source == entry.source else \
             _describe(source, entry.domain, entry.op, entry.version) if source != SOURCE_UNKNOWN else SOURCE_UNKNOWN
         outs = []
         kids = scope.kids
         interned = self._interned
-        for name in node.output:
+        typed_by = g.typed_by
+        for name in outputs:
             if not name:
                 outs.append(None)
                 continue
@@ -1108,21 +1164,21 @@ class _Pass:
             rec = interned.get(id(info)) or self._intern(info)
             kids[name] = rec[1]
             outs.append((info, rec[1]))
-            g.typed_by[name] = described
+            typed_by[name] = described
         # memoize a clean result (no diagnostics, tensor outputs only) on what the rule read
         if key is not None and ok and len(self.diagnostics) == diag_mark and not n.fresh \
-                and not any(name and name in scope.other for name in node.output):
-            self._memoize(g, node, entry, key, tuple(outs), log)
+                and not (scope.other and any(name and name in scope.other for name in outputs)):
+            self._memoize(g, n.inputs, entry, key, tuple(outs), log)
         log.clear()
         if g.declared:
-            for name in node.output:
+            for name in outputs:
                 if name and name in g.declared:
                     self._merge_declared(g, n, name, values[name])
-        g.produced.extend(node.output)
+        g.produced.extend(outputs)
         if g.records is not None:
             g.records.append((source, entry.version if source != SOURCE_UNKNOWN else None))
 
-    def _memoize(self, g: _Graph, node, entry: _Entry, key: tuple, outs: tuple, reads: list) -> None:
+    def _memoize(self, g: _Graph, inputs: list, entry: _Entry, key: tuple, outs: tuple, reads: list) -> None:
         memo = entry.memo
         if not reads:
             if memo.get(key) is None:
@@ -1134,8 +1190,8 @@ class _Pass:
                 return
         read = {id(x) for x in reads}
         get = g.get
-        indices = {i for i, name in enumerate(node.input) if name and id(get(name)) in read}
-        if len(read) != len({id(get(node.input[i])) for i in indices}):
+        indices = {i for i, name in enumerate(inputs) if name and id(get(name)) in read}
+        if len(read) != len({id(get(inputs[i])) for i in indices}):
             return  # the rule read a constant that is not one of its inputs: not memoized
         dep = memo.get(key)
         if type(dep) is _Dep and indices <= dep.indices:
@@ -1143,7 +1199,7 @@ class _Pass:
         else:
             indices = frozenset(indices | (dep.indices if type(dep) is _Dep else set()))
             memo[key] = _Dep(indices)
-        memo[self._content_key(g, node, key, indices)] = outs
+        memo[self._content_key(g, inputs, key, indices)] = outs
 
     def _check_inputs_defined(self, g: _Graph, n: NodeContext) -> None:
         scope = g.scope
@@ -1264,18 +1320,19 @@ class _Pass:
 
     # -- serialized types and memo keys
     def _intern(self, info: TensorInfo, tb: bytes | None = None) -> tuple:
-        """(info, key id, type bytes, content key id): a value's memo key is its type and, for
-        values a rule computed, their content; a constant from the model (initializer,
+        """(info, key id, type bytes or None, content key id): a value's memo key is its type
+        and, for values a rule computed, their content; a constant from the model (initializer,
         ``Constant``) is keyed by its type, and by its content only where a rule read it
-        (``_Dep``: the last item, filled in when first needed). A constant's type bytes are
-        encoded only when needed too."""
+        (``_Dep``: the last item, filled in when first needed). The type is keyed as the tuple
+        (elem_type, shape), which equals another exactly when their TypeProto bytes do (dims
+        are canonical, a symbol's text is its identity): the bytes are encoded only when the
+        write-back or onnx's fallback needs them, once per distinct type."""
         if type(info) is _Lazy:  # (type, shape): the key _seed_initializers gives
             k = (info.elem_type, info.shape)
         else:
-            if tb is None:
-                tb = self._encode_type(info)
+            et = info.elem_type
             v = info.value
-            k = (tb, None if v is None else _array_key(v))
+            k = (et, info.shape if et else None, None if v is None else _array_key(v))
         kid = self._key_ids.get(k)
         if kid is None:
             kid = self._key_ids[k] = len(self._key_ids) + 1
@@ -1288,9 +1345,17 @@ class _Pass:
         if rec is None:
             rec = self._intern(info)
         if rec[2] is None:
-            rec = (rec[0], rec[1], self._encode_type(info), rec[3])
+            rec = (rec[0], rec[1], self._type_bytes_of(info), rec[3])
             self._interned[id(info)] = rec
         return rec[2]
+
+    def _type_bytes_of(self, info: TensorInfo) -> bytes:
+        """TypeProto bytes of ``info``, encoded once per distinct (elem_type, shape) a pass meets."""
+        k = (info.elem_type, info.shape)
+        tb = self._encoded.get(k)
+        if tb is None:
+            tb = self._encoded[k] = self._encode_type(info)
+        return tb
 
     def name_type_bytes(self, scope: _Scope, name: str) -> bytes:
         tp = scope.other_type(name)
@@ -1384,48 +1449,56 @@ class _Pass:
     # -- constants
     def _constant(self, n: NodeContext) -> bool:
         """Type (and value) of a Constant node; False to let onnx judge a malformed one."""
-        attrs = n.node.attribute
-        if len(attrs) != 1 or len(n.node.output) != 1:
+        if len(n.node.output) != 1:
             return False
-        a = attrs[0]
-        if a.type == onnx.AttributeProto.TENSOR and a.t.data_location == onnx.TensorProto.EXTERNAL:
-            check_external_location(a.t, self.label)
-        info: TensorInfo
-        try:
-            if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
-                info = _Lazy(a.t, self.owner)
-            elif a.name == "sparse_value" and a.type == onnx.AttributeProto.SPARSE_TENSOR:
-                info = TensorInfo(int(a.sparse_tensor.values.data_type), tuple(int(d) for d in a.sparse_tensor.dims))
-            elif a.name == "value_float" and a.type == onnx.AttributeProto.FLOAT:
-                info = TensorInfo.from_array(np.array(a.f, dtype=np.float32), onnx.TensorProto.FLOAT)
-            elif a.name == "value_floats" and a.type == onnx.AttributeProto.FLOATS:
-                info = TensorInfo.from_array(np.array(list(a.floats), dtype=np.float32), onnx.TensorProto.FLOAT)
-            elif a.name == "value_int" and a.type == onnx.AttributeProto.INT:
-                info = TensorInfo.from_array(np.array(a.i, dtype=np.int64), onnx.TensorProto.INT64)
-            elif a.name == "value_ints" and a.type == onnx.AttributeProto.INTS:
-                info = TensorInfo.from_array(np.array(list(a.ints), dtype=np.int64), onnx.TensorProto.INT64)
-            elif a.name == "value_string" and a.type == onnx.AttributeProto.STRING:
-                info = TensorInfo(onnx.TensorProto.STRING, ())
-            elif a.name == "value_strings" and a.type == onnx.AttributeProto.STRINGS:
-                info = TensorInfo(onnx.TensorProto.STRING, (len(a.strings),))
-            else:
-                return False
-        except Exception:  # unreadable tensor data: onnx's inference reports it
+        info = self._constant_info(n.node.attribute)
+        if info is None:
             return False
         n.ctx.set(n.node.output[0], info)
         return True
 
-    def _fold(self, n: NodeContext) -> None:
-        node = n.node
-        if node.op_type not in _FOLDERS or _norm(node.domain) != "" or len(node.output) != 1:
+    def _constant_info(self, attrs) -> TensorInfo | None:
+        """The value a Constant node's one attribute holds (None: malformed, onnx judges it)."""
+        if len(attrs) != 1:
+            return None
+        a = attrs[0]
+        t, name = a.type, a.name
+        if t == _ATTR_TENSOR:
+            tensor = a.t
+            if tensor.data_location == _EXTERNAL:
+                check_external_location(tensor, self.label)
+            # read only when a rule asks for the value
+            return _Lazy(tensor, self.owner) if name == "value" else None
+        try:
+            if name == "sparse_value" and t == onnx.AttributeProto.SPARSE_TENSOR:
+                return TensorInfo(int(a.sparse_tensor.values.data_type), tuple(int(d) for d in a.sparse_tensor.dims))
+            if name == "value_float" and t == onnx.AttributeProto.FLOAT:
+                return TensorInfo.from_array(np.array(a.f, dtype=np.float32), onnx.TensorProto.FLOAT)
+            if name == "value_floats" and t == onnx.AttributeProto.FLOATS:
+                return TensorInfo.from_array(np.array(list(a.floats), dtype=np.float32), onnx.TensorProto.FLOAT)
+            if name == "value_int" and t == onnx.AttributeProto.INT:
+                return TensorInfo.from_array(np.array(a.i, dtype=np.int64), onnx.TensorProto.INT64)
+            if name == "value_ints" and t == onnx.AttributeProto.INTS:
+                return TensorInfo.from_array(np.array(list(a.ints), dtype=np.int64), onnx.TensorProto.INT64)
+            if name == "value_string" and t == onnx.AttributeProto.STRING:
+                return TensorInfo(onnx.TensorProto.STRING, ())
+            if name == "value_strings" and t == onnx.AttributeProto.STRINGS:
+                return TensorInfo(onnx.TensorProto.STRING, (len(a.strings),))
+        except Exception:  # unreadable tensor data: onnx's inference reports it
+            return None
+        return None
+
+    def _fold(self, n: NodeContext, folder) -> None:
+        """The output's value by ``folder`` (one of ``_FOLDERS``, the entry's op) where no rule computed it."""
+        if len(n.outputs) != 1:
             return
-        out_name = node.output[0]
+        out_name = n.outputs[0]
         values = n.ctx._values
         out = values.get(out_name)
         if out is None or not out.elem_type or out.value is not None:
             return  # a rule that computed the value knows better (it may keep symbolic entries)
         try:
-            value = _FOLDERS[node.op_type](n, n.ctx)
+            value = folder(n, n.ctx)
         except Exception:  # folding is best effort: whatever numpy refuses stays unfolded
             return
         if value is None or value.size > _FOLD_MAX_ELEMENTS:

@@ -35,12 +35,17 @@ class NodeContext:
     #: must follow); the model's own opset for the domain is ``opset``.
     version: int
     opset: int
-    _attrs: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
     #: set by :meth:`fresh_dim`: the outputs carry symbols of this node's own
     fresh: bool = field(default=False, init=False, repr=False)
 
-    def __post_init__(self) -> None:
-        self._attrs = {a.name: a for a in self.node.attribute}
+    @property
+    def _attrs(self) -> dict[str, Any]:
+        """Attribute name -> AttributeProto, read from the proto when a rule first asks (most
+        nodes the pass types never do: their result is the memo's)."""
+        attrs = self.__dict__.get("_attr_map")
+        if attrs is None:
+            attrs = self.__dict__["_attr_map"] = {a.name: a for a in self.node.attribute}
+        return attrs
 
     @property
     def label(self) -> str:

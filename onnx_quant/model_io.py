@@ -43,7 +43,9 @@ def load_model(source: ModelSource, *, load_external_data: bool = False, check_e
     """
     from onnx_quant.budget import resolve  # noqa: PLC0415
 
-    budget = resolve(budget)
+    # the default budget reads /proc/meminfo: only a file or external data needs it, not the
+    # ModelProto that every inference pass is handed (an argument is still checked at once)
+    budget = None if budget is None else resolve(budget)
     if isinstance(source, onnx.ModelProto):
         model, label, folder = source, "<ModelProto>", base_dir
         _check_parsed(model, label)
@@ -57,7 +59,7 @@ def load_model(source: ModelSource, *, load_external_data: bool = False, check_e
         return example_model()
     else:
         label = str(source)
-        model = _parse(_read_regular_file(Path(source), label, min(MAX_MODEL_FILE_BYTES, budget.limit)), label)
+        model = _parse(_read_regular_file(Path(source), label, min(MAX_MODEL_FILE_BYTES, (budget or resolve()).limit)), label)
         folder = Path(source).parent
     if check_external or load_external_data:
         check_external_data(model, label)
@@ -65,7 +67,7 @@ def load_model(source: ModelSource, *, load_external_data: bool = False, check_e
         if model is source:  # the caller's proto stays as given
             model = onnx.ModelProto()
             model.CopyFrom(source)
-        load_external(model, folder, label, budget)
+        load_external(model, folder, label, budget or resolve())
     return model
 
 
