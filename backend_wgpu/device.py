@@ -468,6 +468,17 @@ class GpuDevice:
         return None
 
 
+def release_quietly(*objects: Any) -> None:
+    """Destroy wgpu buffers / query sets, ignoring None and failures (best effort: at exit or
+    after a device loss there may be nothing left to destroy)."""
+    for obj in objects:
+        if obj is not None:
+            try:
+                obj.destroy()
+            except Exception:  # pragma: no cover - best effort
+                pass
+
+
 _RAW: tuple | None = None
 
 

@@ -18,18 +18,11 @@ import weakref
 from typing import Any
 
 import numpy as np
-from onnx import TensorProto
 
+from onnx_quant.backend_wgpu.device import release_quietly
 from onnx_quant.backend_wgpu.packing import device_nbytes, pack_array, unpack_array
-from onnx_quant.dtypes import element_type
+from onnx_quant.dtypes import element_type, ort_type
 from onnx_quant.errors import ExecutionError
-
-
-def _destroy(buffer) -> None:
-    try:
-        buffer.destroy()
-    except Exception:  # pragma: no cover - best effort at interpreter exit
-        pass
 
 
 class DeviceValue:
@@ -42,7 +35,7 @@ class DeviceValue:
         self.dims = tuple(int(d) for d in dims)
         self.nbytes = device_nbytes(onnx_type, math.prod(self.dims))
         self._buffer = buffer
-        self._finalizer = weakref.finalize(self, _destroy, buffer)
+        self._finalizer = weakref.finalize(self, release_quietly, buffer)
 
     # -- making one ------------------------------------------------------------------------
 
@@ -77,7 +70,7 @@ class DeviceValue:
 
     def data_type(self) -> str:
         """onnxruntime's type string (``"tensor(float)"``)."""
-        return f"tensor({TensorProto.DataType.Name(element_type(self.onnx_type).code).lower()})"
+        return ort_type(element_type(self.onnx_type).code)
 
     def element_type(self) -> type:
         return self.dtype.type

@@ -29,6 +29,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from onnx_quant.backend_wgpu.device import release_quietly
 from onnx_quant.backend_wgpu.device_value import DeviceValue
 from onnx_quant.backend_wgpu.packing import etype as _etype, pack_array, packed_nbytes, unpack_array  # noqa: F401 (re-exported)
 from onnx_quant.backend_wgpu.pipelines import layout_key
@@ -502,10 +503,7 @@ class SessionResources:
 
 
 def _destroy(buf) -> None:
-    try:
-        buf.destroy()
-    except Exception:  # pragma: no cover - best effort
-        pass
+    release_quietly(buf)
 
 
 def prepare_graph(device, gplan: GraphPlan, res: SessionResources, constants: Mapping[str, np.ndarray]) -> None:

@@ -36,8 +36,7 @@ from onnx_quant.errors import DeviceError, ExecutionError
 
 CPU_NAMES = frozenset({"cpu", "cpuexecutionprovider"})
 BEST_GPU_NAMES = frozenset({"webgpu", "webgpuexecutionprovider", "gpu"})
-BACKEND_NAMES = {"vulkan": "Vulkan", "opengl": "OpenGL", "gl": "OpenGL", "metal": "Metal",
-                 "d3d12": "D3D12", "dx12": "D3D12"}
+BACKEND_NAMES = {"Vulkan": "vulkan", "OpenGL": "opengl", "Metal": "metal", "D3D12": "d3d12"}
 #: onnxruntime's session config key that turns the implicit CPU fallback off
 DISABLE_CPU_FALLBACK = "session.disable_cpu_ep_fallback"
 
@@ -106,28 +105,21 @@ def _config_entry(sess_options: Any, key: str) -> str | None:
 def get_available_providers() -> list[str]:
     """Provider names this machine can honour: one per adapter backend (best adapter first), then
     the host, as ``onnxruntime.get_available_providers()`` lists execution providers."""
-    inverse = {v: k for k, v in BACKEND_NAMES.items() if k not in ("gl", "dx12")}
-    names = [inverse.get(a.backend, a.backend.lower()) for a in sorted(list_adapters(), key=lambda a: a.rank)]
+    names = [BACKEND_NAMES.get(a.backend, a.backend.lower()) for a in list_adapters()]
     return list(dict.fromkeys(names)) + ["CPUExecutionProvider"]
 
 
 def _adapter_for(name: Any) -> int | None:
-    """The adapter index an entry names, or None when this machine has none."""
-    adapters = list_adapters()
+    """The adapter index an entry names (``device.select_adapter``'s matching: index, backend,
+    name substring, best first), or None when this machine has none."""
     if isinstance(name, bool):
         raise ExecutionError(f"provider {name!r}: expected a name or an adapter index")
-    if isinstance(name, int) or (isinstance(name, str) and name.strip().isdigit()):
-        i = int(name)
-        return i if 0 <= i < len(adapters) else None
     key = str(name).strip().lower()
-    if key in BEST_GPU_NAMES:
-        return select_adapter(None).index if adapters else None
-    backend = BACKEND_NAMES.get(key)
-    if backend is not None:
-        found = sorted((a for a in adapters if a.backend == backend), key=lambda a: a.rank)
-        return found[0].index if found else None
-    found = [a for a in adapters if key in a.summary.lower()]
-    return found[0].index if found else None
+    alias = {"gl": "opengl", "dx12": "d3d12"}.get(key, key)
+    try:
+        return select_adapter(None if alias in BEST_GPU_NAMES else (name if isinstance(name, int) else alias)).index
+    except DeviceError:
+        return None
 
 
 def resolve_providers(providers: Sequence[Any] | None, provider_options: Sequence[Mapping] | None = None,

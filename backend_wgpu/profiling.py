@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from onnx_quant.backend_wgpu.device import release_quietly
 from onnx_quant.errors import ExecutionError
 
 #: query-set capacity granularity (dispatches); the set grows by whole chunks
@@ -100,12 +101,7 @@ class TimestampQueries:
         return [(raw[2 * k] * p, raw[2 * k + 1] * p) for k in range(n)]
 
     def release(self) -> None:
-        for obj in (self.query_set, self._resolve, self._staging):
-            if obj is not None:
-                try:
-                    obj.destroy()
-                except Exception:  # pragma: no cover - best effort
-                    pass
+        release_quietly(self.query_set, self._resolve, self._staging)
         self.query_set = self._resolve = self._staging = None
         self.capacity = 0
 
@@ -273,11 +269,7 @@ class Profiler:
         if self._queries is not None:
             self._queries.release()
         if self._probe is not None:
-            for b in self._probe:
-                try:
-                    b.destroy()
-                except Exception:  # pragma: no cover
-                    pass
+            release_quietly(*self._probe)
             self._probe = None
 
 

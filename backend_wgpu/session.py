@@ -55,7 +55,7 @@ from onnx_quant.backend_wgpu.host_rewrites import host_node
 from onnx_quant.backend_wgpu.host_sizes import check_host_node
 from onnx_quant.backend_wgpu.locking import holding
 from onnx_quant.backend_wgpu.model_check import check_host_outputs, static_values
-from onnx_quant.dtypes import element_type, type_name
+from onnx_quant.dtypes import element_type, ort_type, type_name
 from onnx_quant.errors import ExecutionError, HostFallbackWarning, KernelRejected, QuantError
 from onnx_quant.budget import resolve as resolve_budget
 from onnx_quant.inference.dims import is_anonymous
@@ -78,14 +78,6 @@ class NodeArg:
     type: str
     shape: list[Any]
     elem_type: int = 0   # the TensorProto code behind ``type`` (not in onnxruntime's NodeArg)
-
-
-def ort_type(code: int) -> str:
-    """onnxruntime's type string of a TensorProto element type."""
-    try:
-        return f"tensor({onnx.TensorProto.DataType.Name(code).lower()})"
-    except ValueError:
-        return f"tensor(<type {code}>)"
 
 
 def _info_shape(info: Any) -> list[Any] | None:

@@ -198,12 +198,11 @@ def raw_call_floor_us(session, repeat: int = 9) -> float:
     """µs per dispatch of the three wgpu-native calls alone (set pipeline, set bind group,
     dispatch) over the session's prebuilt plan, in one compute pass: the floor any Python host
     loop pays on this machine, measured beside the session's own recording cost."""
-    from wgpu.backends.wgpu_native._ffi import ffi, lib  # noqa: PLC0415
+    from onnx_quant.backend_wgpu.device import _raw_pass_functions  # noqa: PLC0415
 
     gplan = next(iter(session._plans.values()))
     program = [c[5] + c[3] for st in gplan.gpu_steps for c in st.dispatches]
-    calls = (lib.wgpuComputePassEncoderSetPipeline, lib.wgpuComputePassEncoderSetBindGroup,
-             lib.wgpuComputePassEncoderDispatchWorkgroups)
+    set_pipeline, set_bind_group, dispatch, null = _raw_pass_functions()
     times = []
     for _ in range(repeat):
         encoder = session.device.device.create_command_encoder()
@@ -211,9 +210,9 @@ def raw_call_floor_us(session, repeat: int = 9) -> float:
         h = cpass._internal
         t0 = time.perf_counter()
         for p, b, x, y, z in program:
-            calls[0](h, p)
-            calls[1](h, 0, b, 0, ffi.NULL)
-            calls[2](h, x, y, z)
+            set_pipeline(h, p)
+            set_bind_group(h, 0, b, 0, null)
+            dispatch(h, x, y, z)
         times.append((time.perf_counter() - t0) / max(1, len(program)) * 1e6)
         cpass.end()
         session.device.queue.submit([encoder.finish()])

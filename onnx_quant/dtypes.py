@@ -158,6 +158,14 @@ def element_type(key: int | str | np.dtype | ElementType) -> ElementType:
     raise UnknownElementType(f"numpy dtype {dt} has no ONNX element type here")
 
 
+def ort_type(code: int) -> str:
+    """onnxruntime's type string of a TensorProto element type (``"tensor(float)"``)."""
+    try:
+        return f"tensor({TensorProto.DataType.Name(code).lower()})"
+    except ValueError:
+        return f"tensor(<type {code}>)"
+
+
 def type_name(code: int) -> str:
     """Short name for any TensorProto code, including ones outside the table."""
     if code in BY_CODE:
