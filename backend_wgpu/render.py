@@ -9,6 +9,11 @@ The render context is the pass plan's ``context`` (see ``plan.py`` and the contr
 ``docs/backend.md``); ``render`` checks that its ``bindings`` list agrees with the pass's
 ``BindingPlan`` tuple (index, name, access, element type), since the shader declares its
 bindings from the former and the executor binds buffers from the latter.
+
+Templates get two globals: ``oq_fail(message)`` (fail the render naming the problem) and
+``oq_lane_words(value, dtype)``: the device lanes of one value of an element type (a constant
+a kernel writes, e.g. ConstantOfShape's value, EyeLike's one), through ``packing.pack_array``
+so that the bits are the host packing's own.
 """
 
 from __future__ import annotations
@@ -32,6 +37,22 @@ def _fail(message: str) -> None:
     raise TemplateFailure(message)
 
 
+def _lane_words(value: Any, dtype: str) -> list[int]:
+    """The lanes (tensor_io's word: 32-bit lanes of 64-bit types, low first; the code of a
+    narrower type, zero-extended) of ``value`` converted to element type ``dtype``."""
+    import numpy as np  # noqa: PLC0415
+
+    from onnx_quant.backend_wgpu.packing import device_bits, etype, pack_array  # noqa: PLC0415
+
+    et = etype(dtype)
+    array = np.array([value]).astype(et.dtype)
+    words = np.frombuffer(bytes(pack_array(array, et.name)), "<u4")
+    bits = device_bits(et)
+    if bits >= 32:
+        return [int(w) for w in words[: bits // 32]]
+    return [int(words[0]) & ((1 << bits) - 1)]
+
+
 def templates_dir() -> Path:
     """The installed ``templates`` package directory."""
     return Path(str(importlib.resources.files("onnx_quant.templates")))
@@ -48,6 +69,7 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=False,
     )
     env.globals["oq_fail"] = _fail
+    env.globals["oq_lane_words"] = _lane_words
     return env
 
 
