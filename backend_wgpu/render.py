@@ -13,7 +13,8 @@ bindings from the former and the executor binds buffers from the latter.
 Templates get two globals: ``oq_fail(message)`` (fail the render naming the problem) and
 ``oq_lane_words(value, dtype)``: the device lanes of one value of an element type (a constant
 a kernel writes, e.g. ConstantOfShape's value, EyeLike's one), through ``packing.pack_array``
-so that the bits are the host packing's own.
+so that the bits are the host packing's own; ``oq_resize_axes`` and ``oq_saturated_words``
+(``resize_taps.py``): Resize's per-axis tables, computed in float64 as onnx.reference does.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any, Mapping
 
 import jinja2
 
+from onnx_quant.backend_wgpu import resize_taps
 from onnx_quant.backend_wgpu.plan import BindingPlan, PassPlan
 from onnx_quant.errors import DeviceError
 
@@ -70,6 +72,8 @@ def environment() -> jinja2.Environment:
     )
     env.globals["oq_fail"] = _fail
     env.globals["oq_lane_words"] = _lane_words
+    env.globals["oq_resize_axes"] = resize_taps.resize_axes
+    env.globals["oq_saturated_words"] = resize_taps.saturated_words
     return env
 
 
