@@ -10,7 +10,9 @@ The render context is the pass plan's ``context`` (see ``plan.py`` and the contr
 ``BindingPlan`` tuple (index, name, access, element type), since the shader declares its
 bindings from the former and the executor binds buffers from the latter.
 
-Templates get two globals: ``oq_fail(message)`` (fail the render naming the problem) and
+Templates get these globals: ``oq_fail(message)`` (fail the render naming the problem),
+``oq_rounded(value, dtype)`` (a Python float rounded to an element type, for plan-time
+arithmetic that must follow a reference computing in that type), and
 ``oq_lane_words(value, dtype)``: the device lanes of one value of an element type (a constant
 a kernel writes, e.g. ConstantOfShape's value, EyeLike's one), through ``packing.pack_array``
 so that the bits are the host packing's own; ``oq_resize_axes`` and ``oq_saturated_words``
@@ -55,6 +57,16 @@ def _lane_words(value: Any, dtype: str) -> list[int]:
     return [int(words[0]) & ((1 << bits) - 1)]
 
 
+def _rounded(value: float, dtype: str) -> float:
+    """``value`` rounded to element type ``dtype`` (numpy's conversion: nearest even), as a
+    Python float: what a reference computing in that type holds."""
+    import numpy as np  # noqa: PLC0415
+
+    from onnx_quant.backend_wgpu.packing import etype  # noqa: PLC0415
+
+    return float(np.array([value], np.float64).astype(etype(dtype).dtype)[0])
+
+
 def templates_dir() -> Path:
     """The installed ``templates`` package directory."""
     return Path(str(importlib.resources.files("onnx_quant.templates")))
@@ -72,6 +84,7 @@ def environment() -> jinja2.Environment:
     )
     env.globals["oq_fail"] = _fail
     env.globals["oq_lane_words"] = _lane_words
+    env.globals["oq_rounded"] = _rounded
     env.globals["oq_resize_axes"] = resize_taps.resize_axes
     env.globals["oq_saturated_words"] = resize_taps.saturated_words
     return env

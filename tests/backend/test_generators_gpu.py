@@ -78,3 +78,68 @@ def test_trilu_every_type(best, dtype, upper):
         expected = np.triu(x, kk) if upper else np.tril(x, kk)
         assert_same_bits(got, expected, f"Trilu upper={upper} k={k}")
         assert_same_bits(got, ref_run(model, feeds)[0], "vs onnx.reference")
+
+
+def session_run(dev, model, feeds):
+    """Run through Session with no host fallback (graph inputs that decide shapes are read when
+    the plan is made)."""
+    from onnx_quant.backend_wgpu.session import Session
+
+    with Session(model, device=dev, allow_host_fallback=False) as s:
+        return s.run(None, feeds)
+
+
+def graph_model(op, inputs, out_type, *, opset, attrs=None, n_outputs=1):
+    """A one-node model whose inputs are all graph inputs."""
+    vis = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape)) for n, a in inputs]
+    outs = [helper.make_tensor_value_info(f"y{k}", helper.np_dtype_to_tensor_dtype(np.dtype(out_type)), None)
+            for k in range(n_outputs)]
+    node = helper.make_node(op, [n for n, _ in inputs], [o.name for o in outs], **(attrs or {}))
+    g = helper.make_graph([node], "g", vis, outs)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+RANGES = [(0, 10, 1), (3, 9, 3), (10, 4, -2), (-7, 50, 5), (5, 5, 1), (5, 4, 1), (-3, -40, -7)]
+FLOAT_RANGES = [(0.0, 1.0, 0.1), (1.5, -2.25, -0.125), (1e3, 1e3 + 7, 0.3), (-0.7, 30.0, 1.7), (0.1, 0.35, 0.05),
+                (1e-3, 2e-2, 1.3e-4), (12345.678, 12400.0, 0.9)]
+
+
+@pytest.mark.parametrize("dtype", [np.int16, np.int32, np.int64], ids=_name)
+@pytest.mark.parametrize("opset", [11, 27])
+def test_range_integers(best, dtype, opset):
+    ranges = RANGES + ([(2**40 + 5, 2**40 - 2**33, -(2**31) - 7), (-(2**62), -(2**62) + 10**12, 3 * 10**10 + 1)]
+                       if dtype == np.int64 else [(30000, 32767, 999)] if dtype == np.int16 else
+                       [(2**31 - 100, 2**31 - 1, 7), (-(2**31), 0, 2**28 + 3)])
+    for start, limit, delta in ranges:
+        feeds = {"start": np.array(start, dtype), "limit": np.array(limit, dtype), "delta": np.array(delta, dtype)}
+        model = graph_model("Range", list(feeds.items()), dtype, opset=opset)
+        (got,) = session_run(best, model, feeds)
+        expected = ref_run(model, feeds)[0]
+        assert_same_bits(got, expected, f"Range {start} {limit} {delta}")
+        assert_same_bits(got, np.arange(start, limit, delta).astype(dtype), "vs numpy")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16], ids=_name)
+def test_range_floats_bit_for_bit_with_onnx_reference(best, dtype):
+    r = np.random.default_rng(11)
+    drawn = [(float(a), float(a + n * d), float(d)) for a, d, n in
+             zip(r.standard_normal(25) * 10.0 ** r.integers(-3, 4, 25), r.standard_normal(25) * 10.0 ** r.integers(-4, 2, 25),
+                 r.integers(1, 3000, 25))]
+    for start, limit, delta in FLOAT_RANGES + drawn + [(float(s), float(l), float(d)) for s, l, d in RANGES]:
+        feeds = {"start": np.array(start, dtype), "limit": np.array(limit, dtype), "delta": np.array(delta, dtype)}
+        model = graph_model("Range", list(feeds.items()), dtype, opset=27)
+        expected = ref_run(model, feeds)[0]
+        if expected.size > 5000:
+            continue
+        (got,) = session_run(best, model, feeds)
+        assert_same_bits(got, expected, f"Range {np.dtype(dtype).name} {start} {limit} {delta}")
+
+
+def test_range_declines_float64_and_stash_type_double(best):
+    feeds = {"start": np.array(0, np.float64), "limit": np.array(4, np.float64), "delta": np.array(1, np.float64)}
+    with pytest.raises(Exception, match="T allows only"):
+        session_run(best, graph_model("Range", list(feeds.items()), np.float64, opset=27), feeds)
+    feeds = {k: v.astype(np.float16) for k, v in feeds.items()}
+    with pytest.raises(Exception, match="stashOk"):
+        session_run(best, graph_model("Range", list(feeds.items()), np.float16, opset=27,
+                                      attrs={"stash_type": TensorProto.DOUBLE}), feeds)
