@@ -10,6 +10,9 @@ Resize computes them (``_compute_x_ori``, the coefficient functions and the neig
 of ``_interpolate_1d_along_axis``), so that a nearest resize picks exactly the elements the
 reference picks, ties and rounding included: float32 arithmetic on the device would move an
 ``x_ori`` that float64 puts at 1.9999999 onto 2.0 and ``floor`` would pick another pixel.
+The reference holds ``cubic_coeff_a`` as a numpy float32, which makes parts of its cubic
+coefficient arithmetic float32 (numpy's promotion of a float32 scalar with Python floats):
+so does this module, for the same weights.
 
 Resize-10 and Upsample (``legacy``) have no coordinate or nearest mode attributes; there
 onnx.reference has no Resize-10 and only integer-scale nearest Upsample, and the behaviour is
@@ -224,7 +227,8 @@ def resize_axes(in_shape: Sequence[int], out_shape: Sequence[int], *, mode: str,
             continue
         out.append(_axis(a, in_shape[a], out_shape[a], scale, None if rois is None else [rois[a], rois[a + r]],
                          mode=mode, ctm=coordinate_transformation_mode, nearest_mode=nearest_mode,
-                         cubic_a=cubic_coeff_a, exclude_outside=bool(exclude_outside), antialias=bool(antialias)))
+                         cubic_a=np.float32(cubic_coeff_a), exclude_outside=bool(exclude_outside),
+                         antialias=bool(antialias)))
     return sorted(out, key=lambda t: t.axis)
 
 
