@@ -80,8 +80,8 @@ def _cubic_antialias(ratio: float, scale: float, a: float) -> list[float]:
         return 0.0
 
     start = int(np.floor(-2 / scale) + 1)
-    c = np.array([coeff(scale * (i - ratio)) for i in range(start, 2 - start)])
-    return list(c / sum(c))
+    c = [coeff(scale * (i - ratio)) for i in range(start, 2 - start)]
+    return list(np.array(c) / sum(c))  # summed as a list: float32 where `a` made the terms float32
 
 
 def _linear_antialias(ratio: float, scale: float) -> list[float]:
