@@ -15,7 +15,7 @@ Templates get these globals: ``oq_fail(message)`` (fail the render naming the pr
 arithmetic that must follow a reference computing in that type), and
 ``oq_lane_words(value, dtype)``: the device lanes of one value of an element type (a constant
 a kernel writes, e.g. ConstantOfShape's value, EyeLike's one), through ``packing.pack_array``
-so that the bits are the host packing's own; ``oq_resize_axes`` and ``oq_saturated_words``
+so that the bits are the host packing's own; ``oq_resize_axes``, ``oq_tap_table`` and ``oq_saturated_words``
 (``resize_taps.py``): Resize's per-axis tables, computed in float64 as onnx.reference does.
 """
 
@@ -86,6 +86,7 @@ def environment() -> jinja2.Environment:
     env.globals["oq_lane_words"] = _lane_words
     env.globals["oq_rounded"] = _rounded
     env.globals["oq_resize_axes"] = resize_taps.resize_axes
+    env.globals["oq_tap_table"] = resize_taps.tap_table
     env.globals["oq_saturated_words"] = resize_taps.saturated_words
     return env
 

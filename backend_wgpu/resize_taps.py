@@ -2,8 +2,9 @@
 
 Resize (and Upsample) is separable: along each resized axis, output coordinate ``y`` reads a
 few input coordinates (the taps) with weights that depend only on ``y``, the axis' sizes, the
-scale and the attributes. The shader (``templates/resize.wgsl.jinja``) gets these per-axis
-tables as constants and sums ``prod(weights) * x`` over the taps of every resized axis.
+scale and the attributes. A first pass (``templates/resize-tables.wgsl.jinja``) writes these
+per-axis tables into a buffer (``tap_table``: constants in its source), and the main pass
+(``resize.wgsl.jinja``) sums ``prod(weights) * x`` over the taps of every resized axis.
 
 The tables are computed here in float64, expression for expression as ``onnx.reference``'s
 Resize computes them (``_compute_x_ori``, the coefficient functions and the neighbour window
@@ -28,7 +29,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["AxisTaps", "resize_axes", "saturated_words"]
+__all__ = ["AxisTaps", "TapTable", "resize_axes", "saturated_words", "tap_table"]
 
 
 @dataclass(frozen=True)
@@ -247,3 +248,37 @@ def saturated_words(value: float, dtype: str) -> list[int]:
     words = np.frombuffer(bytes(pack_array(v.astype(et.dtype), et.name)), "<u4")
     bits = device_bits(et)
     return [int(w) for w in words[: bits // 32]] if bits >= 32 else [int(words[0]) & ((1 << bits) - 1)]
+
+
+@dataclass(frozen=True)
+class TapTable:
+    """The tables of every resized axis as one row of u32 words (the shader reads them from a
+    buffer: a constant array indexed at run time costs a copy per access on some compilers).
+    Per axis, offsets of: its input offsets (input coordinate * the axis' stride),
+    its weights (float32 bits; absent for nearest unless a weight is 0) and its outside flags
+    (absent unless some coordinate is outside)."""
+
+    words: tuple[int, ...]
+    index: dict[int, int]
+    weight: dict[int, int]
+    outside: dict[int, int]
+
+
+def tap_table(taps: Sequence[AxisTaps], in_shape: Sequence[int], nearest: bool) -> TapTable:
+    strides = [math.prod(in_shape[d + 1:]) for d in range(len(in_shape))]
+    words: list[int] = []
+    index: dict[int, int] = {}
+    weight: dict[int, int] = {}
+    outside: dict[int, int] = {}
+    zero = any(0.0 in t.weight for t in taps)
+    for t in taps:
+        index[t.axis] = len(words)
+        words += [i * strides[t.axis] for i in t.index]
+        if not nearest or zero:
+            weight[t.axis] = len(words)
+            words += np.array(t.weight, np.float32).view(np.uint32).tolist()
+        if any(t.outside):
+            outside[t.axis] = len(words)
+            words += [int(o) for o in t.outside]
+    return TapTable(tuple(words), index, weight, outside)
+

@@ -226,3 +226,14 @@ def test_resize_10_and_upsample_as_onnxruntime(best, mode, scales):
                 assert_same_bits(got, reference(model, x), what + " vs onnx.reference")
         else:
             check_close(got, expected, what)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+def test_a_larger_resize(best, mode):
+    x = data((1, 2, 64, 80), seed=12)
+    model = resize_model(np.float32, mode=mode, sizes=np.array([1, 2, 200, 150], np.int64))
+    got, expected = run(best, model, x), reference(model, x)
+    if mode == "nearest":
+        assert_same_bits(got, expected, "nearest 64x80 -> 200x150")
+    else:
+        assert check_close(got, expected, f"{mode} 64x80 -> 200x150") < 1e-6

@@ -90,12 +90,15 @@ def _plan(values, attrs, dtype="float32", opset=19, x=(1, 1, 4, 4), y=(1, 1, 8, 
 
 
 def test_plan_reads_scales_and_sizes_and_renders_the_tables():
+    # 4x4 -> 8x8: two resized axes of 8 output coordinates
     p = _plan({"scales": [1, 1, 2, 2]}, {"mode": "linear"})
-    src = render(p.passes[0])
-    assert "OQ_INDEX_2" in src and "OQ_WEIGHT_3" in src and "OQ_INDEX_1" not in src
+    tables, main = (render(pp) for pp in p.passes)
+    assert tables.count("] = vec4<u32>(") == 2 * (8 * 2 + 8 * 2) // 4  # offsets and weights, 2 taps each
+    assert "oq_weight(" in main and "load_x(o2)" in main  # the first resized axis innermost
     p = _plan({"sizes": [1, 1, 8, 8]}, {"mode": "nearest"}, dtype="int64")
-    src = render(p.passes[0])
-    assert "OQ_WEIGHT_2" not in src  # nearest: indices only
+    tables, main = (render(pp) for pp in p.passes)
+    assert tables.count("] = vec4<u32>(") == 2 * 8 // 4  # nearest: one offset per coordinate, no weights
+    assert "src * 2u + l % 2u" in main  # int64: two lanes per element
 
 
 @pytest.mark.parametrize("values,attrs,dtype,clause", [
@@ -120,3 +123,10 @@ def test_a_constant_input_without_its_value_declines():
         plan_node(spec, shapes={"x": (1, 1, 4, 4), "scales": (4,), "y": (1, 1, 8, 8)},
                   dtypes={"x": "float32", "scales": "float32", "y": "float32"}, device=DeviceInfo(),
                   attributes={"mode": "linear"})
+
+
+def test_tables_beyond_the_compile_budget_decline():
+    # cubic to 5000 columns: 9 * 5000 table words bound, beyond TABLE_WORDS_MAX (16384)
+    with pytest.raises(KernelRejected, match="tablesFit"):
+        _plan({"sizes": [1, 1, 8, 5000]}, {"mode": "cubic"}, y=(1, 1, 8, 5000))
+    assert _plan({"sizes": [1, 1, 8, 5000]}, {"mode": "nearest"}, y=(1, 1, 8, 5000)).variant  # 3 * 5000
