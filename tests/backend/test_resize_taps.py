@@ -130,3 +130,24 @@ def test_tables_beyond_the_compile_budget_decline():
     with pytest.raises(KernelRejected, match="tablesFit"):
         _plan({"sizes": [1, 1, 8, 5000]}, {"mode": "cubic"}, y=(1, 1, 8, 5000))
     assert _plan({"sizes": [1, 1, 8, 5000]}, {"mode": "nearest"}, y=(1, 1, 8, 5000)).variant  # 3 * 5000
+
+
+def test_small_float_graph_inputs_are_keyed_only_as_a_kernel_constant_input():
+    from onnx import TensorProto as TP, helper
+
+    from onnx_quant.backend_wgpu import graph_plan as gp
+    from onnx_quant.inference import infer_values
+
+    # Resize's scales fed as a graph input (as ONNX's node cases do): its contents decide the
+    # output shape and the kernel reads them: keyed. The float data x (4 elements) is not.
+    node = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="linear")
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TP.FLOAT, [1, 1, 2, 2]),
+                                        helper.make_tensor_value_info("scales", TP.FLOAT, [4])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
+    spec = load_specs().find("", "Resize", 19)
+    infos = [gp.NodeInfo(0, "n0", node, "", 19, spec, "gpu", "", ())]
+    values = infer_values(m, {"x": [1, 1, 2, 2], "scales": [4]})
+    assert gp.value_keyed_inputs(infos, values, ["x", "scales"]) == ("scales",)
+    infos[0].spec = None  # no kernel reads it: a float input is never keyed
+    assert gp.value_keyed_inputs(infos, values, ["x", "scales"]) == ()
