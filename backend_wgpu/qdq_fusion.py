@@ -154,8 +154,7 @@ class _Graph:
         i = self.producer.get(name)
         if i is None:
             return None
-        n = self.nodes[i]
-        return i if n.op_type == "DequantizeLinear" and n.domain in DEFAULT_DOMAINS else None
+        return i if _is_qdq(self.nodes[i], "DequantizeLinear") else None
 
     def out_edges(self, i: int) -> list[tuple[int, int]]:
         return [e for o in self.nodes[i].output if o for e in self.edges.get(o, [])]
@@ -166,12 +165,26 @@ class _Graph:
     def q_elem(self, q: onnx.NodeProto) -> int:
         """QuantizeLinear's output type: its zero point's, output_dtype, or uint8."""
         code = self.elem_of(q.output[0])
-        if code:
-            return code
-        if len(q.input) > 2 and q.input[2]:
-            return self.elem_of(q.input[2])
-        dt = next((a.i for a in q.attribute if a.name == "output_dtype"), 0)
-        return dt or TensorProto.UINT8
+        if not code and len(q.input) > 2 and q.input[2]:
+            code = self.elem_of(q.input[2])
+        elif not code:
+            code = next((a.i for a in q.attribute if a.name == "output_dtype"), 0) or TensorProto.UINT8
+        if not code:
+            raise Decline(f"the type of {q.output[0]!r} is not known")
+        return code
+
+    def dq_elem(self, d: int) -> int:
+        """The quantized type a DequantizeLinear reads."""
+        code = self.elem_of(self.nodes[d].input[0])
+        if not code:
+            raise Decline(f"the type of {self.nodes[d].input[0]!r} is not known")
+        return code
+
+
+def _is_qdq(node: onnx.NodeProto, op: str) -> bool:
+    """A well-formed QuantizeLinear / DequantizeLinear (x and scale given, one output)."""
+    return (node.op_type == op and node.domain in DEFAULT_DOMAINS and len(node.input) >= 2
+            and bool(node.input[0]) and bool(node.input[1]) and bool(node.output) and bool(node.output[0]))
 
 
 def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
@@ -215,8 +228,7 @@ def _select(G: _Graph, i: int, n_dq: int | None, q_optional: bool = False) -> _U
                 and not G.makes_graph_output(edges[0][0]):
             clip = edges[0][0]
     source = clip if clip is not None else i
-    qs = [c for c, s in G.out_edges(source) if s >= 0 and G.nodes[c].op_type == "QuantizeLinear"
-          and G.nodes[c].domain in DEFAULT_DOMAINS]
+    qs = [c for c, s in G.out_edges(source) if s == 0 and _is_qdq(G.nodes[c], "QuantizeLinear")]
     if clip is not None:
         if len(qs) != 1 or not _clip_redundant(G, G.nodes[clip], G.nodes[qs[0]]):
             raise Decline(f"{G.nodes[clip].op_type} {G.label(clip)!r} before the QuantizeLinear is not made "
@@ -281,7 +293,7 @@ def _clip_redundant(G: _Graph, clip: onnx.NodeProto, q: onnx.NodeProto) -> bool:
 
 
 def _input_elem(G: _Graph, dq_index: int) -> int:
-    return G.elem_of(G.nodes[dq_index].input[0])
+    return G.dq_elem(dq_index)
 
 
 def _check_bits(*codes: int, sixteen: bool = False) -> None:
@@ -315,7 +327,7 @@ class _Fusion:
 def _dq_args(G: _Graph, d: int, zero_points: dict[str, int]) -> list[str]:
     """DequantizeLinear's (x, scale, zero point): a missing zero point as a zero initializer."""
     n = G.nodes[d]
-    zp = n.input[2] if len(n.input) > 2 and n.input[2] else _zero_point(G.elem_of(n.input[0]), zero_points)
+    zp = n.input[2] if len(n.input) > 2 and n.input[2] else _zero_point(G.dq_elem(d), zero_points)
     return [n.input[0], n.input[1], zp]
 
 

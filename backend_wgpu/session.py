@@ -2,6 +2,9 @@
 
 Construction (once per model):
 
+* QDQ node units (``DequantizeLinear -> Conv/MatMul/Add/... -> QuantizeLinear``) are replaced by
+  the QLinear kernels onnxruntime substitutes with its optimizations on (``qdq_fusion.py``;
+  ``fuse_qdq=False`` keeps the graph as written);
 * every node gets a *placement*: a kernel spec that takes its op, attributes and element
   types (``gpu``); a view of its input (``view``: Reshape, Flatten, Squeeze, Unsqueeze,
   Identity, Dropout in inference mode); a Constant (evaluated once); or the host

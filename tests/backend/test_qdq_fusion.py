@@ -452,3 +452,17 @@ def test_zoo_qdq_models_fuse_as_onnxruntime_does(zoo, family):
     left = collections.Counter(ops(r.model))
     assert left["QuantizeLinear"] == left["DequantizeLinear"] == 1 or family == "transformer"
     print(f"{family}: {len(model.graph.node)} -> {len(r.model.graph.node)} nodes {dict(left)}")
+
+
+def test_onnxruntime_optimization_levels_map_to_fusion():
+    import onnxruntime as ort
+
+    from onnx_quant.backend_wgpu.inference_session import GraphOptimizationLevel, SessionOptions, fuses_qdq
+
+    assert fuses_qdq(SessionOptions()) and fuses_qdq(object())  # the default: all optimizations
+    for level, fused in [(GraphOptimizationLevel.ORT_DISABLE_ALL, False), (GraphOptimizationLevel.ORT_ENABLE_BASIC, False),
+                         (GraphOptimizationLevel.ORT_ENABLE_EXTENDED, True), (GraphOptimizationLevel.ORT_ENABLE_ALL, True)]:
+        for options in (SessionOptions(), ort.SessionOptions()):
+            options.graph_optimization_level = level if isinstance(options, SessionOptions) else \
+                getattr(ort.GraphOptimizationLevel, level.name)
+            assert fuses_qdq(options) == fused, (type(options).__module__, level)
