@@ -412,7 +412,7 @@ def _rule_concat(G: _Graph, i: int, zps: dict[str, int], int8_allowed: bool) -> 
     u = _select(G, i, None)
     _check_bits(_types_equal(G, u, "Concat"))
     ins = _q_args(G, u.qs[0], zps)
-    for s in range(len(G.nodes[i].input)):
+    for s in sorted(u.dqs):
         ins += _dq_args(G, u.dqs[s], zps)
     return _Fusion("variadic", u, "QLinearConcat", MS_DOMAIN, ins, [G.nodes[u.qs[0]].output[0]],
                    _attrs(G.nodes[i]))
