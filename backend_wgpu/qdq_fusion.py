@@ -28,8 +28,9 @@ QuantizeLinear nodes, one edge each, and no target output is a graph output; a R
 between target and Q joins the unit only when the Q makes it redundant (Q's zero point is the
 type's minimum; a Clip whose bounds quantize outside the type's range); input and output types
 match; no 16-bit (nor 4-bit) types except in the drop rule; Conv/MatMul with int8 activations
-only where onnxruntime allows them (``int8_allowed``: onnxruntime's default is False on x86,
-True on ARM); a bias is int32; Gemm's beta is 1 with a bias. A DequantizeLinear with other
+only where onnxruntime's selector allows them (``int8_allowed``: False on x86, True on ARM; on
+x86 onnxruntime first rewrites int8 activation Q/DQ pairs to uint8 (QDQS8ToU8Transformer) and
+fuses those, which is not mirrored here: such a unit runs as written); a bias is int32; Gemm's beta is 1 with a bias. A DequantizeLinear with other
 consumers stays for them (onnxruntime duplicates it per consumer: EnsureUniqueDQForNodeUnit).
 A missing zero point becomes a zero initializer of the quantized type, as onnxruntime's
 SetOptionalZeroPoint does.
