@@ -460,8 +460,9 @@ def test_onnxruntime_optimization_levels_map_to_fusion():
     from onnx_quant.backend_wgpu.inference_session import GraphOptimizationLevel, SessionOptions, fuses_qdq
 
     assert fuses_qdq(SessionOptions()) and fuses_qdq(object())  # the default: all optimizations
-    for level, fused in [(GraphOptimizationLevel.ORT_DISABLE_ALL, False), (GraphOptimizationLevel.ORT_ENABLE_BASIC, False),
-                         (GraphOptimizationLevel.ORT_ENABLE_EXTENDED, True), (GraphOptimizationLevel.ORT_ENABLE_ALL, True)]:
+    levels = GraphOptimizationLevel
+    for level, fused in [(levels.ORT_DISABLE_ALL, False), (levels.ORT_ENABLE_BASIC, False),
+                         (levels.ORT_ENABLE_EXTENDED, True), (levels.ORT_ENABLE_ALL, True)]:
         for options in (SessionOptions(), ort.SessionOptions()):
             options.graph_optimization_level = level if isinstance(options, SessionOptions) else \
                 getattr(ort.GraphOptimizationLevel, level.name)
