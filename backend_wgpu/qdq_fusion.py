@@ -32,8 +32,8 @@ only where onnxruntime's selector allows them (``int8_allowed``: False on x86, T
 x86 onnxruntime first rewrites int8 activation Q/DQ pairs to uint8 (QDQS8ToU8Transformer) and
 fuses those, which is not mirrored here: such a unit runs as written); a bias is int32; Gemm's
 beta is 1 with a bias. A DequantizeLinear with other consumers stays for them (onnxruntime
-duplicates it per consumer: EnsureUniqueDQForNodeUnit). A missing zero point becomes a zero initializer of the quantized type, as onnxruntime's
-SetOptionalZeroPoint does.
+duplicates it per consumer: EnsureUniqueDQForNodeUnit). A missing zero point becomes a zero
+initializer of the quantized type, as onnxruntime's SetOptionalZeroPoint does.
 
 Not fused (onnxruntime would, onto kernels this project lacks): DQ, DQ -> MatMul without a Q
 (MatMulIntegerToFloat), Where (QLinearWhere), Split, Resize, ArgMax. Each decline is recorded
