@@ -2,6 +2,9 @@
 
 Construction (once per model):
 
+* QDQ node units (``DequantizeLinear -> Conv/MatMul/Add/... -> QuantizeLinear``) are replaced by
+  the QLinear kernels onnxruntime substitutes with its optimizations on (``qdq_fusion.py``;
+  ``fuse_qdq=False`` keeps the graph as written);
 * every node gets a *placement*: a kernel spec that takes its op, attributes and element
   types (``gpu``); a view of its input (``view``: Reshape, Flatten, Squeeze, Unsqueeze,
   Identity, Dropout in inference mode); a Constant (evaluated once); or the host
@@ -166,6 +169,9 @@ class Session:
     templates). ``base_dir``: the folder external data of a model given as bytes or a ModelProto
     is read from (without it such data is refused; a path's own folder is used for a path).
     ``memory_budget``: bytes (or ``"2G"``) any host allocation may take (onnx_quant/budget.py).
+    ``fuse_qdq``: replace QDQ node units (DequantizeLinear -> Conv/MatMul/Add/... -> QuantizeLinear)
+    by the QLinear kernels onnxruntime substitutes from ``ORT_ENABLE_EXTENDED`` on (qdq_fusion.py;
+    ``fusion`` lists them); False runs every node as written (onnxruntime's ``ORT_DISABLE_ALL``).
 
     ``stats`` (:class:`~backend_wgpu.executor.SessionStats`) counts what the session did:
     plans, pipelines compiled, buffers allocated, bind groups, submits, read-backs, bytes
@@ -186,15 +192,18 @@ class Session:
         base_dir: str | os.PathLike | None = None,
         memory_budget: int | str | None = None,
         profile: bool = False,
+        fuse_qdq: bool = True,
     ) -> None:
         self._lock = threading.RLock()  # one run at a time per session: backend_wgpu/locking.py
         self.budget = resolve_budget(memory_budget)
         self.model = load_model(model_or_path, load_external_data=True, base_dir=base_dir, budget=self.budget)
         self._static_values = static_values(self.model)  # structural faults are refused here, first
+        self._specs = self._registry(specs)
+        #: the QDQ node units replaced by QLinear kernels (qdq_fusion.py), empty with fuse_qdq=False
+        self.fusion = self._fuse(fuse_qdq)
         graph = self.model.graph
         self.allow_host_fallback = bool(allow_host_fallback)
         self._opsets = {(imp.domain or ""): imp.version for imp in self.model.opset_import}
-        self._specs = self._registry(specs)
         self._initializers = initializer_arrays(self.model, self.budget)
         self._inputs = [vi for vi in graph.input if vi.name not in self._initializers]
         self._outputs = [vi.name for vi in graph.output]
@@ -242,6 +251,30 @@ class Session:
             self.profiler = Profiler(self.device)
 
     # -- construction ------------------------------------------------------------------------
+
+    def _fuse(self, enabled: bool):
+        """Phase 0, before placement: QDQ node units onto QLinear kernels (qdq_fusion.py), where a
+        kernel spec takes the replacement; ``self.model`` becomes the fused model."""
+        from onnx_quant.backend_wgpu.qdq_fusion import FusionResult, fuse_qdq  # noqa: PLC0415
+
+        self._fused_units: dict[str, Any] = {}
+        if not enabled:
+            return FusionResult(self.model)
+
+        def supported(node: onnx.NodeProto, domain: str, version: int) -> str:
+            if domain in DEFAULT_DOMAINS and node.op_type in VIEW_OPS:
+                return ""  # a view of its (quantized) input
+            spec = self._specs.find(domain, node.op_type, version)
+            if spec is None:
+                return f"no GPU kernel for {self._op_text(domain, node.op_type)} at opset {version}"
+            return self._spec_rejects(spec, node)
+
+        result = fuse_qdq(self.model, elem_of=self._elem, supported=supported)
+        if result.units:
+            self.model = result.model
+            self._static_values = static_values(self.model)
+        self._fused_units = {u.node.output[0]: u for u in result.units}
+        return result
 
     @staticmethod
     def _registry(specs: Any):
@@ -295,7 +328,11 @@ class Session:
             raise ExecutionError(f"node {label!r} ({node.op_type}): the model imports no opset for domain "
                                  f"{domain or 'ai.onnx'!r}")
         self._check_attribute_names(label, node, domain, version)
-        implicit = tuple(sorted(_subgraph_reads(node)))
+        implicit = _subgraph_reads(node)
+        unit = self._fused_units.get(node.output[0]) if node.output else None
+        if unit is not None:  # what the unit as written reads besides the fused node's inputs (host fallback)
+            implicit |= set(unit.reads()) - set(node.input)
+        implicit = tuple(sorted(implicit))
         spec = self._specs.find(domain, node.op_type, version)
         reason = "" if spec is None else self._spec_rejects(spec, node)
         if spec is None:
@@ -443,8 +480,10 @@ class Session:
         host, host_opset = host_node(node, opset, info.label)  # where onnx.reference needs it said otherwise
         imports = [onnx.helper.make_opsetid("", host_opset) if o.domain in ("", "ai.onnx") else o
                    for o in self.model.opset_import]
+        unit = self._fused_units.get(node.output[0]) if node.output else None
+        hosted = [host] if unit is None else list(unit.nodes)  # a fused unit runs as written
         graph = onnx.helper.make_graph(
-            [host], f"host_{info.label}",
+            hosted, f"host_{info.label}",
             [onnx.ValueInfoProto(name=n) for n in inputs],
             [onnx.ValueInfoProto(name=n) for n in node.output if n])
         one = onnx.helper.make_model(graph, opset_imports=imports,
@@ -849,7 +888,8 @@ class Session:
         (``"host"``/``"view"``/... for the others), why (derived values, when clauses, the
         first failing clause of every variant), tunables, shapes, segment (None for a GPU node run once per
         plan: ``once_per_plan``), passes
-        [{id, name, dispatch}]. Input dims the model leaves symbolic or unknown are taken
+        [{id, name, dispatch}], fused (for a node that replaced a QDQ node unit: {rule, nodes: the
+        unit's nodes as written}; else None). Input dims the model leaves symbolic or unknown are taken
         from ``input_shapes``, else 1."""
         from onnx_quant.backend_wgpu.planner import describe  # noqa: PLC0415
 
@@ -895,6 +935,8 @@ class Session:
                               "device": "host" if kind in ("host", "const", "fold") else
                               (self.device.info.name if kind == "view" else ""),
                               "segment": host_after.get(info.index), "passes": []})
+            unit = self._fused_units.get(node.output[0]) if node.output else None
+            entry["fused"] = None if unit is None else {"rule": unit.rule, "nodes": unit.labels()}
             out.append(entry)
         return out
 
