@@ -117,6 +117,29 @@ def attributes(node: onnx.NodeProto) -> dict[str, Any]:
     return out
 
 
+def subgraph_reads(node: onnx.NodeProto) -> set[str]:
+    """Outer-scope names the node's subgraphs (If/Loop/Scan bodies) read."""
+    names: set[str] = set()
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            names |= _free_names(a.g)
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            for g in a.graphs:
+                names |= _free_names(g)
+    return names
+
+
+def _free_names(graph: onnx.GraphProto) -> set[str]:
+    defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    defined |= {s.values.name for s in graph.sparse_initializer}
+    free: set[str] = set()
+    for n in graph.node:
+        free |= {i for i in n.input if i and i not in defined}
+        free |= {i for i in subgraph_reads(n) if i not in defined}
+        defined |= {o for o in n.output if o}
+    return free
+
+
 # ----------------------------------------------------------------------------- 0. plan-time values
 
 #: elements a graph input may have for a plan to be keyed on its contents

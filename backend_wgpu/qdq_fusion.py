@@ -54,8 +54,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from onnx_quant.backend_wgpu.graph_plan import DEFAULT_DOMAINS, subgraph_reads
+
 MS_DOMAIN = "com.microsoft"
-DEFAULT_DOMAINS = ("", "ai.onnx")
 
 #: onnxruntime's "drop" rules: ops that move data without changing it (DQ -> op -> Q with equal
 #: params becomes the op on the quantized tensor); MaxPool from 12 (integer MaxPool), no 16-bit
@@ -122,7 +123,7 @@ class _Graph:
             for s, name in enumerate(n.input):
                 if name:
                     self.edges.setdefault(name, []).append((i, s))
-            for name in _subgraph_reads(n):
+            for name in subgraph_reads(n):
                 self.edges.setdefault(name, []).append((i, -1))
             for o in n.output:
                 if o:
@@ -186,19 +187,6 @@ def _is_qdq(node: onnx.NodeProto, op: str) -> bool:
     """A well-formed QuantizeLinear / DequantizeLinear (x and scale given, one output)."""
     return (node.op_type == op and node.domain in DEFAULT_DOMAINS and len(node.input) >= 2
             and bool(node.input[0]) and bool(node.input[1]) and bool(node.output) and bool(node.output[0]))
-
-
-def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
-    names: set[str] = set()
-    for a in node.attribute:
-        graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
-        for g in graphs:
-            defined = {i.name for i in g.input} | {t.name for t in g.initializer}
-            for n in g.node:
-                names |= {x for x in n.input if x and x not in defined}
-                names |= {x for x in _subgraph_reads(n) if x not in defined}
-                defined |= set(n.output)
-    return names
 
 
 # ----------------------------------------------------------------------------- selection
@@ -575,7 +563,7 @@ def _rewrite(model: onnx.ModelProto, G: _Graph, fusions: list[_Fusion], zps: Map
                 np.zeros((), dtype=helper.tensor_dtype_to_np_dtype(code)), name))
     if any(f.domain == MS_DOMAIN for f in fusions) and not any(o.domain == MS_DOMAIN for o in out.opset_import):
         out.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
-    used = {x for n in out.graph.node for x in n.input} | {x for n in out.graph.node for x in _subgraph_reads(n)}
+    used = {x for n in out.graph.node for x in n.input} | {x for n in out.graph.node for x in subgraph_reads(n)}
     used |= {o.name for o in out.graph.output} | {x for u in result.units for x in u.reads()}
     kept = [t for t in out.graph.initializer if t.name in used or t.name in {i.name for i in out.graph.input}]
     del out.graph.initializer[:]

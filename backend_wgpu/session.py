@@ -49,6 +49,7 @@ from onnx_quant.backend_wgpu import graph_plan as gp
 from onnx_quant.backend_wgpu.device_value import DeviceValue, stand_in
 from onnx_quant.backend_wgpu.graph_plan import (
     DEFAULT_DOMAINS, VIEW_OPS, attributes as _attributes, concrete as _concrete, onnx_type as _onnx_type,
+    subgraph_reads,
 )
 from onnx_quant.backend_wgpu.graph_plan import NodeInfo as _NodeInfo
 from onnx_quant.backend_wgpu.executor import (
@@ -130,29 +131,6 @@ def _specs():
 
 def node_label(node: onnx.NodeProto, index: int) -> str:
     return node.name or f"{node.op_type}_{index}"
-
-
-def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
-    """Outer-scope names the node's subgraphs (If/Loop/Scan bodies) read."""
-    names: set[str] = set()
-    for a in node.attribute:
-        if a.type == onnx.AttributeProto.GRAPH:
-            names |= _free_names(a.g)
-        elif a.type == onnx.AttributeProto.GRAPHS:
-            for g in a.graphs:
-                names |= _free_names(g)
-    return names
-
-
-def _free_names(graph: onnx.GraphProto) -> set[str]:
-    defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
-    defined |= {s.values.name for s in graph.sparse_initializer}
-    free: set[str] = set()
-    for n in graph.node:
-        free |= {i for i in n.input if i and i not in defined}
-        free |= {i for i in _subgraph_reads(n) if i not in defined}
-        defined |= {o for o in n.output if o}
-    return free
 
 
 class Session:
@@ -328,7 +306,7 @@ class Session:
             raise ExecutionError(f"node {label!r} ({node.op_type}): the model imports no opset for domain "
                                  f"{domain or 'ai.onnx'!r}")
         self._check_attribute_names(label, node, domain, version)
-        implicit = _subgraph_reads(node)
+        implicit = subgraph_reads(node)
         unit = self._fused_units.get(node.output[0]) if node.output else None
         if unit is not None:  # what the unit as written reads besides the fused node's inputs (host fallback)
             implicit |= set(unit.reads()) - set(node.input)
