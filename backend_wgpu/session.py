@@ -866,7 +866,7 @@ class Session:
         (``"host"``/``"view"``/... for the others), why (derived values, when clauses, the
         first failing clause of every variant), tunables, shapes, segment (None for a GPU node run once per
         plan: ``once_per_plan``), passes
-        [{id, name, dispatch}], fused (for a node that replaced a QDQ node unit: {rule, nodes: the
+        [{id, name, dispatch, once_per_plan}] (a leading pass over constants only runs once per plan), fused (for a node that replaced a QDQ node unit: {rule, nodes: the
         unit's nodes as written}; else None). Input dims the model leaves symbolic or unknown are taken
         from ``input_shapes``, else 1."""
         from onnx_quant.backend_wgpu.planner import describe  # noqa: PLC0415
@@ -904,7 +904,9 @@ class Session:
                                if b.role in ("input", "output") and b.shape is not None},
                     "device": self.device.info.name, "segment": seg_of.get(info.index),
                     "once_per_plan": info.index in once,
-                    "passes": [{"id": p["id"], "name": p["name"], "dispatch": p["dispatch"]} for p in d["passes"]],
+                    "passes": [{"id": p["id"], "name": p["name"], "dispatch": p["dispatch"],
+                                "once_per_plan": info.index in once or k < st.hoisted}
+                               for k, p in enumerate(d["passes"])],
                 })
             else:
                 label = names.get(kind, kind)
