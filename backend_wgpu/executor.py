@@ -397,6 +397,12 @@ class SessionStats:
     def as_dict(self) -> dict[str, int]:
         return self.snapshot()
 
+    def add(self, moved: Mapping[str, Any]) -> None:
+        """Count what another session moved on our behalf (an If / Loop body's run)."""
+        for k, v in moved.items():
+            if k not in ("runs", "plans") and k in self.__dict__:
+                setattr(self, k, getattr(self, k) + v)
+
     def since(self, before: Mapping[str, Any]) -> dict[str, Any]:
         """What moved since ``before`` (a ``snapshot()``): one run's figures."""
         return {k: v - before.get(k, 0) for k, v in self.__dict__.items()}

@@ -54,8 +54,11 @@ FOLD_OPS = frozenset({
 })
 FOLD_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.BOOL})
 
+#: what placement says of an If / Loop (control_flow.py)
+CONTROL_WHY = "control flow: the host reads the condition and runs the chosen body on the GPU"
 #: what placement_report says of a node that runs no kernel
 PLACEMENT_WHY = {"view": "a view of its input's buffer", "const": "a Constant, uploaded once per session",
+                 "control": CONTROL_WHY,
                  "fold": "computed by shape inference for these input shapes",
                  "unused": "no graph output depends on it"}
 
@@ -70,7 +73,7 @@ class NodeInfo:
     domain: str
     version: int
     spec: Any                 # the KernelSpec that takes the node, or None
-    kind: str                 # "gpu" | "host" | "view" | "const"
+    kind: str                 # "gpu" | "host" | "view" | "const" | "control" (If / Loop: control_flow.py)
     reason: str               # why not "gpu" (empty for gpu nodes)
     implicit: tuple[str, ...]  # outer-scope names its subgraphs read
 
@@ -355,7 +358,7 @@ def value_roots(nodes: Sequence[NodeInfo], kinds: Mapping[int, str], live: set[i
             alias[outs[0]] = (src[0], concrete(values[outs[0]].shape))
             continue
         for o in outs:
-            add_root(o, k)
+            add_root(o, "host" if k == "control" else k)  # a control step's outputs come back to the host
             alias[o] = (o, roots[o].shape)
     for name in outputs:
         if name not in alias:
@@ -376,7 +379,7 @@ def constant_nodes(nodes: Sequence[NodeInfo], kinds: Mapping[int, str], live: se
     preparation)."""
     read_back = {alias[n][0] for n in outputs if n in alias}
     for info in nodes:
-        if info.index in live and kinds[info.index] == "host":
+        if info.index in live and kinds[info.index] in ("host", "control"):
             read_back |= {alias[n][0] for n in list(info.node.input) + list(info.implicit) if n in alias}
     once: set[int] = set()
     constant = {"init", "const", "fold", "once"}
@@ -482,7 +485,7 @@ def schedule(nodes: Sequence[NodeInfo], kinds: Mapping[int, str], live: set[int]
                 open_steps.append(step)
                 open_produced |= set(outs)
             pos += 1
-        elif k == "host":
+        elif k in ("host", "control"):
             reads = [n for n in dict.fromkeys(list(node.input) + list(info.implicit)) if n]
             step_inputs = []
             for n in reads:
