@@ -292,6 +292,17 @@ def test_a_reduction_without_device_arithmetic_is_declined_to_the_host(best):
     assert_bits(got[0], reference(model, feeds)[0], "host ScatterElements")
 
 
+def test_pad_declines_extending_an_empty_input_except_with_a_constant(best):
+    from onnx_quant.backend_wgpu.session import Session
+    from onnx_quant.errors import ExecutionError
+
+    x = np.zeros((0, 3), np.float32)
+    check(best, "Pad", [("x", x), ("p", I64(1, 0, 2, 1))], consts=("p",), opset=13)  # constant: fine
+    model = model_of("Pad", [("x", x), ("p", I64(1, 0, 2, 1))], attrs={"mode": "edge"}, consts=("p",), opset=13)
+    with pytest.raises(ExecutionError, match="no variant applies.*accepts"):
+        Session(model, device=best, allow_host_fallback=False).run(None, {"x": x})
+
+
 def test_many_workgroups_and_odd_word_counts(best):
     """Outputs of several workgroups, and lengths that leave a partial last word."""
     x = values((301, 257), np.int8, seed=16)
