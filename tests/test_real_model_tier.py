@@ -54,10 +54,10 @@ IDS = [f"{n}-{f}" for n, f in rm.CASES]
 #: kernel declines the node), in the graph or in the If / Loop bodies it runs; every one of them
 #: is checked here through the outputs it feeds
 #: (Pow and Sqrt left this list when the elementwise table gave them kernels, LSTM with the
-#: recurrent kernels)
-_OP15 = {"Cast", "Gather", "Mul", "Pad", "ReduceMean", "Slice"}
-_BODY = {"Gather", "Pad", "ReduceMean", "Slice"}
-_SEQUENCE = {"Pad", "Slice"}
+#: recurrent kernels, Gather with the data-movement kernels, Pad and Slice too once their pads /
+#: starts are read at plan time; the spox export's Equal and Identity with plan-time input values)
+_OP15 = {"Cast", "Mul", "ReduceMean"}
+_BODY = {"ReduceMean"}
 HOST_OPS = {
     # the spox export is one If on sr: the plan is keyed on sr's value, so Equal(sr, 16000) folds,
     # and the chosen branch runs as a GPU session of its own; these are its host nodes
@@ -65,13 +65,11 @@ HOST_OPS = {
     "silero_vad_op15-float": _OP15, "silero_vad_op15-dynamic": _OP15,
     "silero_vad_op15-qdq": _OP15, "silero_vad_op15-qoperator": _OP15,
     "silero_vad_half-float": _BODY,
-    "silero_vad_ifless-float": _BODY | {"Equal", "Split"}, "silero_vad_ifless-dynamic": _BODY | {"Equal", "Split"},
-    "silero_vad_sequence-float": _SEQUENCE, "silero_vad_sequence-qdq": _SEQUENCE,
-    "silero_vad_sequence-qoperator": _SEQUENCE,
-    "silero_vad_openvino-float": {"Gather", "Pad", "ReduceMean", "Slice"},
+    "silero_vad_ifless-float": _BODY | {"Equal"}, "silero_vad_ifless-dynamic": _BODY | {"Equal"},
+    "silero_vad_openvino-float": {"ReduceMean"},
     # Reshape: the graph output's declared [1, seqlen] is kept over the inferred rank 3
     "ddddocr_ocr-float": {"ConstantOfShape", "Reshape"},
-    "ddddocr_det-float": {"Resize", "Slice"},
+    "ddddocr_det-float": {"Resize"},
 }
 
 
