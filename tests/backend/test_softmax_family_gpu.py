@@ -11,7 +11,7 @@ SoftmaxCrossEntropyLoss (12, 13).
 - QLinearSoftmax: rows longer than one invocation can sum take the `segments` variant; bit for
   bit with onnxruntime.
 - The losses: float64 references of ONNX's definition (mean over the weights of the samples
-  not ignored, or their count, as onnxruntime and ONNX's function bodies), onnx.reference and
+  not ignored, or their count, as onnxruntime), onnx.reference and
   onnxruntime, within ONNX's rule.
 - ONNX's node cases of the five ops: all pass on the GPU with no host fallback.
 """
@@ -261,7 +261,7 @@ def session_run(dev, model, feeds):
 
 def loss_reference(op, x, labels, weight, reduction, ignore_index):
     """ONNX's definition in float64; mean divides by the weights of the samples not ignored
-    (their count without weight), as onnxruntime and ONNX's function bodies."""
+    (their count without weight), as onnxruntime."""
     x = x.astype(np.float64)
     if op == "SoftmaxCrossEntropyLoss":
         z = x - x.max(axis=1, keepdims=True)
@@ -340,8 +340,8 @@ def test_losses_match_references(best, op, opset, reduction, dtype):
 
 def test_nll_mean_without_weight_follows_onnxruntime_not_onnx_reference(best):
     """onnx.reference (1.23) divides NLL's mean by every sample when ignore_index is -1 and no
-    weight is given (its special case), by the samples not ignored otherwise; onnxruntime and
-    ONNX's function body always divide by the samples not ignored. The kernel follows them."""
+    weight is given (its special case), by the samples not ignored otherwise; onnxruntime always
+    divides by the samples not ignored. The kernel follows onnxruntime."""
     x = -np.abs(np.random.default_rng(1).standard_normal((3, 4))).astype(F32)
     t = np.array([1, 2, -1], np.int64)
     model = loss_model("NegativeLogLikelihoodLoss", x, t, None, 13, {"reduction": "mean", "ignore_index": -1})
