@@ -1,11 +1,12 @@
 """The reduction table's kernels (templates/reduce.ops.json) on the GPU: ReduceSum, ReduceMean,
 ReduceProd, ReduceL1, ReduceL2, ReduceLogSum, ReduceLogSumExp, ReduceSumSquare, ReduceMax,
-ReduceMin (family reduce), ArgMax, ArgMin (family arg), CumSum, CumProd (family scan).
+ReduceMin (family reduce), ArgMax, ArgMin (family arg), CumSum, CumProd (family scan), TopK
+(family topk).
 
 - ONNX's node cases of these ops pass with no host fallback, or are named in DECLINED with
   the clause that declines them (never a wrong value);
 - exact results (integers, which wrap as numpy's astype does; Max/Min with NaN and signed
-  zeros; ArgMax/ArgMin with ties and NaN; CumSum/CumProd float32 in the serial order) agree
+  zeros; ArgMax/ArgMin and TopK with ties and NaN; CumSum/CumProd float32 in the serial order) agree
   bit for bit with numpy / onnx.reference in every variant (and for every lane count);
 - float sums, computed in f32, lie within the classical bound of a sum of n rounded terms in
   any order against float64: |computed - exact| <= n * u * sum |terms| (u = 2^-24), plus
@@ -48,9 +49,6 @@ DECLINED = {
         "negative_axes_keep_dims_random", "empty_set")},
     **{f"test_{op}_{c}": _F64 for op in ("cumsum", "cumprod") for c in (
         "1d", "1d_exclusive", "1d_reverse", "1d_reverse_exclusive", "2d_axis_0", "2d_axis_1", "2d_negative_axis")},
-    # TopK has no GPU kernel yet
-    **{f"test_top_k{c}": "no GPU kernel for TopK" for c in (
-        "", "_uint64", "_same_values", "_same_values_largest", "_same_values_2d", "_smallest", "_negative_axis")},
 }
 OPS = ("ReduceSum", "ReduceMean", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
        "ReduceSumSquare", "ReduceMax", "ReduceMin", "ArgMax", "ArgMin", "CumSum", "CumProd", "TopK")
@@ -455,3 +453,61 @@ def test_scans_against_onnx_reference_in_every_variant(best, op, dtype, axis, ex
                 bound = 2.02 * n * U * np.abs(np.moveaxis(ref.astype(np.float64), axis, -1))
             err = np.abs(np.moveaxis(got.astype(np.float64) - ref.astype(np.float64), axis, -1))
             assert np.all(err <= bound), (op, label, float(np.max(err - bound)))
+
+
+# ----------------------------------------------------------------------------- TopK
+
+def _topk_model(x, k, *, axis=-1, largest=1, opset=11):
+    attrs = {"axis": axis} if opset == 10 else {"axis": axis, "largest": largest, "sorted": 1}
+    ins = [helper.make_tensor_value_info("x", helper.np_dtype_to_tensor_dtype(x.dtype), list(x.shape))]
+    node = helper.make_node("TopK", ["x", "k"], ["values", "indices"], **attrs)
+    outs = [helper.make_tensor_value_info("values", helper.np_dtype_to_tensor_dtype(x.dtype), None),
+            helper.make_tensor_value_info("indices", 7, None)]
+    graph = helper.make_graph([node], "g", ins, outs, initializer=[numpy_helper.from_array(np.array([k], np.int64), "k")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.int64, np.uint64])
+@pytest.mark.parametrize("axis,k,largest", [(-1, 3, 1), (1, 37, 0), (0, 1, 1), (1, 0, 1), (1, 5, 0)])
+def test_topk_ties_and_nan_bit_for_bit(best, dtype, axis, k, largest):
+    from onnx.reference import ReferenceEvaluator
+    from onnx_quant.backend_wgpu.session import Session
+
+    if np.dtype(dtype).kind == "f":
+        x = np.round(data((4, 37, 3), dtype, seed=9)).astype(dtype)  # many ties
+        x[1, 3, 2] = x[1, 30, 2] = np.nan
+        x[2, :, 0] = 0.0
+        x[2, 7, 0] = -0.0
+    elif dtype == np.uint64:  # both words matter: values above 2^32 and around 2^63
+        x = (data((4, 37, 3), np.int64, seed=9, lo=0, hi=5).astype(np.uint64) * np.uint64(2 ** 31)
+             + np.uint64(2 ** 62)).astype(np.uint64)
+    elif dtype == np.int64:
+        x = data((4, 37, 3), np.int64, seed=9, lo=-4, hi=4) * np.int64(3 * 2 ** 31)
+    else:
+        x = data((4, 37, 3), dtype, seed=9, lo=-4, hi=4)
+    model = _topk_model(x, k, axis=axis, largest=largest)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref_values, ref_indices = ReferenceEvaluator(model).run(None, {"x": x})
+    with Session(model, device=best, allow_host_fallback=False) as s:
+        values, indices = s.run(None, {"x": x})
+    assert_same_bits(values, ref_values, f"TopK values {axis} {k} {largest}")
+    assert_same_bits(indices, ref_indices, f"TopK indices {axis} {k} {largest}")
+
+
+def test_topk_10_has_no_largest_and_int32_waits_for_11(best):
+    from onnx_quant.backend_wgpu.spec import load_specs
+
+    specs = load_specs()
+    assert specs.find("", "TopK", 9) is None  # TopK-1's k attribute: no kernel
+    t10, t11 = specs.find("", "TopK", 10), specs.find("", "TopK", 11)
+    assert set(t10.attributes) == {"axis"} and t10.type_constraints["T"] == ("float32",)
+    assert set(t11.attributes) == {"axis", "largest", "sorted"} and "int32" in t11.type_constraints["T"]
+    x = data((3, 4), np.float32)
+    model = _topk_model(x, 2, opset=10)
+    from onnx_quant.backend_wgpu.session import Session
+
+    with Session(model, device=best, allow_host_fallback=False) as s:
+        values, indices = s.run(None, {"x": x})
+    assert_same_bits(indices, np.argsort(-x, axis=1, kind="stable")[:, :2].astype(np.int64), "TopK-10")
+    assert_same_bits(values, np.take_along_axis(x, indices, axis=1), "TopK-10 values")
