@@ -70,7 +70,7 @@ def test_onnx_node_cases_pass_on_the_gpu_or_are_declined_by_name(best):
             assert row.passed, (case.name, row.error)
             passed.append(case.name)
     assert sorted(declined) == sorted(DECLINED)
-    assert len(passed) >= 142, len(passed)
+    assert len(passed) >= 149, len(passed)
 
 
 # ----------------------------------------------------------------------------- harness
