@@ -511,3 +511,36 @@ def test_topk_10_has_no_largest_and_int32_waits_for_11(best):
         values, indices = s.run(None, {"x": x})
     assert_same_bits(indices, np.argsort(-x, axis=1, kind="stable")[:, :2].astype(np.int64), "TopK-10")
     assert_same_bits(values, np.take_along_axis(x, indices, axis=1), "TopK-10 values")
+
+
+# ----------------------------------------------------------------------------- every adapter
+
+def test_every_family_and_variant_on_every_adapter(dev):
+    """One case per family and variant on each adapter (OpenGL: no subgroups, no f16 in
+    shaders; the kernels use neither): same bits as onnx.reference for exact results."""
+    x = data((3, 37, 5), np.int32, seed=12, lo=-2000, hi=2000)  # exact in float16 too
+    cases = [(axes_model("ReduceSum", x, [1], 0, input_form=True), "reduce"),
+             (axes_model("ReduceMax", x.astype(np.float16), [0, 2], 1, input_form=True), "reduce"),
+             (one_node("ArgMin", x, opset=13, attrs={"axis": 1, "select_last_index": 1}, out_dtype=np.int64), "arg"),
+             (_scan_model("CumSum", x, 1, 1, 1), "scan")]
+    for model, family in cases:
+        feed = x.astype(np.float16) if model.graph.input[0].type.tensor_type.elem_type == 10 else x
+        expected = reference(model, feed)
+        for label, got in every_variant(dev, model, feed, family):
+            assert_same_bits(got, expected, f"{model.graph.node[0].op_type} {label} on {dev}")
+    from onnx_quant.backend_wgpu.session import Session
+
+    model = _topk_model(x.astype(np.float32), 4, axis=1, largest=0)
+    with Session(model, device=dev, allow_host_fallback=False) as s:
+        values, indices = s.run(None, {"x": x.astype(np.float32)})
+    ref_values, ref_indices = reference_outputs(model, x.astype(np.float32))
+    assert_same_bits(values, ref_values, "TopK values")
+    assert_same_bits(indices, ref_indices, "TopK indices")
+
+
+def reference_outputs(model, x):
+    from onnx.reference import ReferenceEvaluator
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ReferenceEvaluator(model).run(None, {"x": x})
