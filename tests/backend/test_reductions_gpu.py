@@ -105,7 +105,8 @@ def reference(model, x):
 
 #: every variant of each family, with the tunables that let it take small inputs
 VARIANTS = {"reduce": [("serial", {"SERIAL_MAX_ROW": 10**6}), ("workgroup_per_word", {}),
-                       ("workgroup_per_word", {"WORKGROUP_SIZE": 8})],
+                       ("workgroup_per_word", {"WORKGROUP_SIZE": 8}), ("chunked", {"CHUNKED_MIN_ROW": 0}),
+                       ("chunked", {"CHUNKED_MIN_ROW": 0, "CHUNK_ITERATIONS": 1, "WORKGROUP_SIZE": 8})],
             "arg": [("serial", {"SERIAL_MAX_ROW": 10**6}), ("workgroup_per_output", {}),
                     ("workgroup_per_output", {"WORKGROUP_SIZE": 4})],
             "scan": [("serial", {"SERIAL_MAX_ROW": 10**6}), ("workgroup_per_row", {}),
@@ -390,6 +391,28 @@ def test_a_reduction_beyond_the_lane_iteration_limit_is_declined(best):
     model = axes_model("ReduceSum", x, [1], 0, input_form=False)
     with pytest.raises(ExecutionError, match="lanesFit"):
         run(best, model, x, tunables={"MAX_LANE_ITERATIONS": 10, "WORKGROUP_SIZE": 64})
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMax", "ReduceLogSumExp"])
+def test_long_reductions_take_the_chunked_variant(best, op):
+    """2^21 + 3 elements reduced into one output (more than one workgroup's lanes may loop over
+    on llvmpipe): the default plan splits them into chunks; ReduceMax bit for bit, the sums
+    within their bound."""
+    from onnx_quant.backend_wgpu.session import Session
+
+    x = _float_data(op, (1, 2 ** 21 + 3), np.float32, seed=13)
+    x[0, 1234567] = 9.5  # the maximum, far from the first chunk
+    model = axes_model(op, x, None, 0, input_form=True)
+    with Session(model, device=best, allow_host_fallback=False) as s:
+        got = s.run(None, {"x": x})[0]
+        assert [p.variant for p in s.plans({"x": x.shape})] == ["chunked"]
+    x64 = x.astype(np.float64)
+    if op == "ReduceMax":
+        assert_same_bits(got, np.max(x), op)
+        return
+    exact = np.asarray(_EXACT64[op](x64, None))
+    bound = _float_bound(op, x64, None, exact)
+    assert abs(float(got) - float(exact)) <= bound, (op, float(got), float(exact), float(bound))
 
 
 # ----------------------------------------------------------------------------- ArgMax / ArgMin
