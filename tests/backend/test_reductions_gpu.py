@@ -384,6 +384,25 @@ def test_axes_not_known_when_planned_decline_the_node(best):
     assert plan.variant == "serial"
 
 
+def test_axes_fed_as_a_small_graph_input_run_on_the_gpu(best):
+    """Axes given as a graph input: the session keys its plan on their contents (plan-time input
+    values), so each axes value runs its own kernel, on the GPU."""
+    from onnx_quant.backend_wgpu.session import Session
+
+    x = data((2, 3, 4), np.float32, seed=14)
+    node = helper.make_node("ReduceMean", ["x", "axes"], ["y"], keepdims=0)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", 1, [2, 3, 4]),
+                                            helper.make_tensor_value_info("axes", 7, [None])],
+                              [helper.make_tensor_value_info("y", 1, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with Session(model, device=best, allow_host_fallback=False) as s:
+        for axes in ([1], [0, -1], [2]):
+            got = s.run(None, {"x": x, "axes": np.array(axes, np.int64)})[0]
+            expected = np.mean(x.astype(np.float64), axis=tuple(axes))
+            assert got.shape == expected.shape and np.allclose(got, expected, rtol=1e-6, atol=1e-7), axes
+        assert s.host_nodes == []
+
+
 def test_a_reduction_beyond_the_lane_iteration_limit_is_declined(best):
     """llvmpipe stops an invocation after 65535 loop iterations: a kernel that would need more
     declines the node instead of returning a cut-short sum."""
