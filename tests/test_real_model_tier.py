@@ -55,18 +55,16 @@ IDS = [f"{n}-{f}" for n, f in rm.CASES]
 #: is checked here through the outputs it feeds
 #: (Pow and Sqrt left this list when the elementwise table gave them kernels, LSTM with the
 #: recurrent kernels, Gather with the data-movement kernels, Pad and Slice too once their pads /
-#: starts are read at plan time; the spox export's Equal and Identity with plan-time input values)
-_OP15 = {"Cast", "Mul", "ReduceMean"}
-_BODY = {"ReduceMean"}
+#: starts are read at plan time, ReduceMean with the reduction table; the spox export's Equal and
+#: Identity with plan-time input values)
+_OP15 = {"Cast", "Mul"}
 HOST_OPS = {
     # the spox export is one If on sr: the plan is keyed on sr's value, so Equal(sr, 16000) folds,
-    # and the chosen branch runs as a GPU session of its own; these are its host nodes
-    "silero_vad-float": _BODY, "silero_vad-dynamic": _BODY,
+    # and the chosen branch runs as a GPU session of its own, wholly on the GPU (as the openvino,
+    # half and sequence exports do: not listed)
     "silero_vad_op15-float": _OP15, "silero_vad_op15-dynamic": _OP15,
     "silero_vad_op15-qdq": _OP15, "silero_vad_op15-qoperator": _OP15,
-    "silero_vad_half-float": _BODY,
-    "silero_vad_ifless-float": _BODY | {"Equal"}, "silero_vad_ifless-dynamic": _BODY | {"Equal"},
-    "silero_vad_openvino-float": {"ReduceMean"},
+    "silero_vad_ifless-float": {"Equal"}, "silero_vad_ifless-dynamic": {"Equal"},
     # Reshape: the graph output's declared [1, seqlen] is kept over the inferred rank 3
     "ddddocr_ocr-float": {"ConstantOfShape", "Reshape"},
     "ddddocr_det-float": {"Resize"},
