@@ -267,3 +267,37 @@ def test_onnx_node_cases_pass_on_the_gpu(best):
             assert not row.passed and DECLINED[case.name] in (row.error or ""), (case.name, row.error)
         else:
             assert row.passed, (case.name, row.error)
+
+
+def test_cast_like_round_mode_is_cast_round_mode(best):
+    """CastLike-24/25 declare round_mode with Cast's meaning, but ONNX's function body for CastLike
+    does not forward it to its Cast and onnx.reference cannot run a CastLike that sets it: the
+    kernel follows the attribute's definition, i.e. Cast's (docs/kernels.md, "Cast")."""
+    from onnx.reference import ReferenceEvaluator
+
+    x = inputs_for("float32")
+    for mode in ("down", "nearest", "up"):
+        for sat in (0, 1):
+            attrs = {"round_mode": mode, "saturate": sat}
+            (like,) = run_gpu(best, cast_model("float32", ["float8e8m0"], 25, x, attrs, like=True), x)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                (ref,) = ReferenceEvaluator(cast_model("float32", ["float8e8m0"], 25, x, attrs)).run(None, {"X": x})
+            assert np.array_equal(raw_bits(like), raw_bits(ref)), attrs
+    assert not np.array_equal(raw_bits(numpy_helper.to_float8e8m0(x, True, "down")),
+                              raw_bits(numpy_helper.to_float8e8m0(x, True, "up")))  # the modes differ here
+
+
+def test_opengl_agrees(best):
+    """The 64-bit integer paths (float64, int64, uint64) on OpenGL (another shader compiler) give the
+    same bits as on the best adapter."""
+    from conftest import gpu_device
+
+    gl = gpu_device("opengl")
+    for src, dsts in (("float64", ["float32", "float16", "bfloat16", "int64", "uint64", "uint32", "int8", "float8e5m2"]),
+                      ("int64", ["float32", "float64", "float16", "uint64", "int4"]),
+                      ("float32", ["float64", "uint64", "float8e8m0", "float4e2m1"])):
+        x = inputs_for(src)
+        model = cast_model(src, dsts, 25, x)
+        for g, b in zip(run_gpu(gl, model, x), run_gpu(best, model, x)):
+            assert np.array_equal(raw_bits(g), raw_bits(b)), src
