@@ -204,6 +204,32 @@ def test_every_pair_matches_onnx_reference(best, src):
     assert no_ref == {p for p, why in NO_REFERENCE.items() if p[0] == src and why == "always"}
 
 
+def random_bits(src: str, seed: int) -> np.ndarray:
+    """Uniformly random bit patterns, values of every binade, and NaNs with every payload shape."""
+    r = np.random.default_rng(seed)
+    bits = 8 * np_dtype(src).itemsize
+    words = r.integers(0, 2**63 - 1, 5000, dtype=np.int64).astype(np.uint64) * np.uint64(2) + \
+        r.integers(0, 2, 5000).astype(np.uint64)
+    if bits == 32:
+        words = (words & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    x = words.view(np_dtype(src))
+    if src not in ("float32", "float64"):
+        return x
+    exp_bits, frac_bits, utype = (11, 52, np.uint64) if bits == 64 else (8, 23, np.uint32)
+    inf = utype(((1 << exp_bits) - 1) << frac_bits)
+    payload = r.integers(1, 2**frac_bits, 2000, dtype=np.int64).astype(utype) >> \
+        r.integers(0, frac_bits, 2000).astype(utype)
+    nans = (inf | np.maximum(payload, utype(1))).view(np_dtype(src))
+    binades = (r.standard_normal(5000) * 2.0 ** r.integers(-160, 140, 5000)).astype(np_dtype(src))
+    return np.concatenate([x, nans, -nans, binades])
+
+
+@pytest.mark.parametrize("src", ["float32", "float64", "int64", "uint64", "int32", "uint32"])
+def test_random_bit_patterns_match_onnx_reference(best, src):
+    with np.errstate(all="ignore"):
+        check_pairs(best, src, ALL, x=random_bits(src, 5))
+
+
 @pytest.mark.parametrize("src", ["float32", "float16", "bfloat16", "float64", "int64", "uint32", "float8e5m2",
                                  "float8e4m3fn", "float8e8m0"])
 def test_saturate_and_round_mode(best, src):
