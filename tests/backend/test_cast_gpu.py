@@ -12,7 +12,7 @@ cast.wgsl.jinja, snippets/cast.wgsl.jinja) against onnx.reference, bit for bit.
 - saturate (float8 targets) and round_mode (float8e8m0) in every combination; CastLike (15, 19,
   25) with the same oracle; both variants agree.
 - ONNX's node cases of Cast and CastLike all pass on the GPU with no host fallback (DECLINED is
-  empty: none is declined).
+  empty: none is declined); a cast from or to string (no device layout) declines to the host.
 """
 
 from __future__ import annotations
@@ -327,3 +327,25 @@ def test_opengl_agrees(best):
         model = cast_model(src, dsts, 25, x)
         for g, b in zip(run_gpu(gl, model, x), run_gpu(best, model, x)):
             assert np.array_equal(raw_bits(g), raw_bits(b)), src
+
+
+def test_string_casts_decline_to_the_host(best):
+    """string has no device layout: the type constraint declines the node (KernelRejected), which
+    runs on the host with a fallback and is refused without one."""
+    from onnx import TensorProto
+
+    from onnx_quant.backend_wgpu.session import Session
+    from onnx_quant.errors import ExecutionError
+
+    x = np.array([1.5, -2.0], np.float32)
+    graph = helper.make_graph([helper.make_node("Cast", ["X"], ["Y"], to=TensorProto.STRING)], "g",
+                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("Y", TensorProto.STRING, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    with pytest.raises(ExecutionError, match="string"):
+        Session(model, allow_host_fallback=False, device=best)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Session(model, device=best) as s:
+            (y,) = s.run(None, {"X": x})
+    assert [str(v) for v in y.tolist()] == [str(v) for v in x.astype(np.str_).tolist()]
