@@ -58,8 +58,9 @@ def run_json(rev: str, script: str, args: list[str]) -> dict:
     site = build(rev)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), env_path] if (env_path := os.environ.get("PYTHONPATH"))
                                                       else [str(site)]))
+    # run outside the source tree: a script's folder and `-c`'s cwd come first on sys.path
     probe = subprocess.run([sys.executable, "-c", "import onnx_quant; print(onnx_quant.__file__)"],
-                           env=env, check=True, capture_output=True, text=True).stdout.strip()
+                           env=env, check=True, capture_output=True, text=True, cwd=tempfile.gettempdir()).stdout.strip()
     if not probe.startswith(str(site)):
         raise RuntimeError(f"the baseline run would import {probe}, not revision {rev} from {site}")
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], env=env, check=True,
