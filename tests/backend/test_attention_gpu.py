@@ -294,3 +294,49 @@ def test_float_mask_of_another_type_is_declined(best):
     with pytest.raises(QuantError, match="maskOk"):
         with Session(model, device=best, allow_host_fallback=False) as s:
             s.run(None, _feeds(ins))
+
+
+# ============================================================================= RotaryEmbedding
+
+def _rotary_model(x, cos, sin, pos, attrs):
+    T = helper.np_dtype_to_tensor_dtype(x.dtype)
+    names = ["X", "cos_cache", "sin_cache"] + (["position_ids"] if pos is not None else [])
+    arrays = [x, cos, sin] + ([pos] if pos is not None else [])
+    node = helper.make_node("RotaryEmbedding", names, ["Y"], name="RotaryEmbedding", **attrs)
+    graph = helper.make_graph([node], "g", [value_info_of(n, a) for n, a in zip(names, arrays)],
+                              [helper.make_tensor_value_info("Y", T, x.shape)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)]), dict(zip(names, arrays))
+
+
+# shape of X, attributes, rotary dim, position ids?
+ROTARY = [
+    ((2, 3, 5, 8), {}, 8, True),
+    ((2, 3, 5, 8), {"interleaved": 1}, 8, True),
+    ((2, 5, 12), {"num_heads": 2, "rotary_embedding_dim": 4}, 4, True),
+    ((1, 5, 18), {"num_heads": 3, "interleaved": 1, "rotary_embedding_dim": 4}, 4, False),
+    ((2, 2, 5, 10), {"rotary_embedding_dim": 6}, 6, False),
+]
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float16], ids=["float32", "float16"])
+@pytest.mark.parametrize("index", range(len(ROTARY)), ids=[f"r{i}" for i in range(len(ROTARY))])
+def test_rotary_embedding_bit_for_bit_with_onnx_reference(best, index, dt):
+    """Every product rounded alone (never fused into the sum), float16 rounded at each step:
+    onnx.reference's numbers exactly, negative position ids counting from the cache's end."""
+    from conftest import assert_bits
+    from onnx_quant.backend_wgpu.session import Session
+
+    shape, attrs, rot, with_pos = ROTARY[index]
+    rng = np.random.default_rng(index)
+    B, S = shape[0], shape[1] if len(shape) == 3 else shape[2]
+    x = rng.uniform(-4, 4, shape).astype(dt)
+    if with_pos:
+        cache = (40, rot // 2)
+        pos = rng.integers(-5, 40, (B, S)).astype(np.int64)
+    else:
+        cache, pos = (B, S, rot // 2), None
+    angles = rng.uniform(0, 7, cache)
+    model, feeds = _rotary_model(x, np.cos(angles).astype(dt), np.sin(angles).astype(dt), pos, attrs)
+    with Session(model, device=best, allow_host_fallback=False) as s:
+        got = s.run(None, feeds)[0]
+    assert_bits(got, ReferenceEvaluator(model).run(None, feeds)[0], f"rotary {index}")
