@@ -229,6 +229,8 @@ class Session:
         self.stats = SessionStats()
         self._resources = SessionResources(self.device, self.stats)
         self._plans: "OrderedDict[tuple, GraphPlan]" = OrderedDict()
+        #: per binding of input shapes: the inputs whose contents its plans are keyed on (phase 0)
+        self._value_keyed: dict[tuple, tuple[str, ...]] = {}
         #: what the last ``run`` did (``SessionStats.since``): dispatches, submits, pipelines
         #: compiled, buffers allocated, bytes uploaded / read back, host encode µs, ...
         self.last_run_stats: dict[str, Any] = {}
@@ -598,18 +600,23 @@ class Session:
         except ExecutionError as e:
             raise ExecutionError(f"input {name!r}: {e}") from None
 
-    def _plan_for(self, shapes: Mapping[str, tuple[int, ...]]) -> GraphPlan:
+    def _plan_for(self, shapes: Mapping[str, tuple[int, ...]], feeds: Mapping[str, Any] | None = None) -> GraphPlan:
+        """The graph plan for these input shapes; where it needs the contents of small integer
+        inputs (``graph_plan.value_keyed_inputs``), for those contents too (given ``feeds``)."""
         key = tuple(sorted((k, tuple(int(d) for d in v)) for k, v in shapes.items()))
-        gplan = self._plans.get(key)
+        keyed = self._value_keyed.get(key, ())
+        given = {n: feeds[n] for n in keyed if feeds is not None and isinstance(feeds.get(n), np.ndarray)}
+        full = key + tuple((n, given[n].dtype.str, given[n].tobytes()) for n in keyed if n in given)
+        gplan = self._plans.get(full)
         if gplan is None:
-            gplan = self._build_plan(key, dict(key))
-            self._plans[key] = gplan
+            gplan = self._build_plan(full, dict(key), given if len(given) == len(keyed) else {}, feeds)
+            self._plans[gplan.key] = gplan
             self.stats.plans += 1
             while len(self._plans) > MAX_PLANS:
                 _, old = self._plans.popitem(last=False)
                 release_graph(old)
         else:
-            self._plans.move_to_end(key)
+            self._plans.move_to_end(full)
         return gplan
 
     # -- planning ----------------------------------------------------------------------------
@@ -635,9 +642,16 @@ class Session:
                 io_shapes[sname] = shape
                 io_types[sname] = t
         tun, variant = self._node_overrides(info)
+        consts = {}
+        for d in spec.inputs.values():
+            vname = node.input[d.index] if d.constant and d.index < len(node.input) else ""
+            v = values.get(vname) if vname else None
+            if v is not None and v.value is not None:
+                consts[d.name] = np.asarray(v.value)
         try:
             plan = plan_node(spec, shapes=io_shapes, dtypes=io_types, device=self.device.info,
-                             tunables=tun, variant=variant, node_label=info.label, attributes=_attributes(node))
+                             tunables=tun, variant=variant, node_label=info.label, attributes=_attributes(node),
+                             values=consts)
         except KernelRejected as e:
             # a forced variant that does not apply is the caller's error; any other ExecutionError
             # (a tensor beyond the device's limits, a uniform value out of range) is refused, not
@@ -647,15 +661,30 @@ class Session:
             return None, e.reason
         return plan, ""
 
-    def _build_plan(self, key: tuple, shapes: Mapping[str, tuple[int, ...]]) -> GraphPlan:
-        """Run the graph compiler's phases (graph_plan.py) for one binding of input shapes; the
-        host fallback decisions (warnings, refusals, evaluators) stay here."""
+    def _infer(self, shapes: Mapping[str, tuple[int, ...]], input_values: Mapping[str, np.ndarray]) -> dict:
         from onnx_quant.inference import infer_values  # noqa: PLC0415
 
         try:
-            values = infer_values(self.model, {k: list(v) for k, v in shapes.items()}, strict=False)
+            return infer_values(self.model, {k: list(v) for k, v in shapes.items()}, strict=False,
+                                input_values=dict(input_values) or None)
         except QuantError as e:
             raise ExecutionError(f"shape inference for input shapes {dict(shapes)} failed: {e}") from None
+
+    def _build_plan(self, key: tuple, shapes: Mapping[str, tuple[int, ...]], input_values: Mapping[str, np.ndarray],
+                    feeds: Mapping[str, Any] | None = None) -> GraphPlan:
+        """Run the graph compiler's phases (graph_plan.py) for one binding of input shapes (and
+        of the contents of the inputs in ``input_values``); the host fallback decisions
+        (warnings, refusals, evaluators) stay here."""
+        values = self._infer(shapes, input_values)
+        if not input_values and feeds is not None:
+            # phase 0: inputs whose contents the plan needs; from now on this binding keys on them
+            keyed = gp.value_keyed_inputs(self._nodes, values, [vi.name for vi in self._inputs])
+            given = {n: feeds[n] for n in keyed if isinstance(feeds.get(n), np.ndarray)}
+            if keyed and len(given) == len(keyed):
+                self._value_keyed[key] = keyed
+                key = key + tuple((n, given[n].dtype.str, given[n].tobytes()) for n in keyed)
+                input_values = given
+                values = self._infer(shapes, input_values)
         self._plan_elem = {n: v.elem_type for n, v in values.items()}
         placed = gp.place(self._nodes, values)
         kinds, reasons = placed.kinds, placed.reasons
@@ -743,7 +772,8 @@ class Session:
                                  f"({wanted})")
         arrays = self._check_feeds(feeds)
         before = self.stats.snapshot()
-        gplan = self._plan_for({k: (a.dims if isinstance(a, DeviceValue) else tuple(a.shape)) for k, a in arrays.items()})
+        gplan = self._plan_for({k: (a.dims if isinstance(a, DeviceValue) else tuple(a.shape)) for k, a in arrays.items()},
+                               arrays)
         constants = {**self._initializers, **self._constants}
         prepare_graph(self.device, gplan, self._resources, constants)
         host_values: dict[str, Any] = {**constants, **gplan.folded, **arrays}
