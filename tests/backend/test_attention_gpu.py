@@ -17,7 +17,7 @@ import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-from conftest import value_info_of
+from conftest import run_every_variant, value_info_of
 
 #: node cases kept off the GPU, and the words of the reason
 DECLINED = {f"test_attention_{c}": "T allows only float32, float16"
@@ -151,21 +151,7 @@ def _reference(model, feeds):
 
 
 def _run_variants(best, model, feeds):
-    """Every applicable variant, forced; asserts they agree bit for bit; returns the outputs."""
-    from onnx_quant.backend_wgpu.session import Session
-
-    with Session(model, device=best) as s:
-        sel = s.explain({k: v.shape for k, v in feeds.items()})[0]["selection"]
-    ids = [v for v, failing in sel.items() if failing is None]
-    assert ids
-    runs = []
-    for v in ids:
-        with Session(model, device=best, variants={"Attention": v}, allow_host_fallback=False) as s:
-            runs.append(s.run(None, feeds))
-    for outs in runs[1:]:
-        for a, b in zip(outs, runs[0]):
-            assert a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
-    return runs[0], ids
+    return run_every_variant(best, model, feeds, "Attention")
 
 
 def _rel_err(got, ref):
