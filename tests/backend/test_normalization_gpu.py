@@ -169,7 +169,7 @@ def test_batch_normalization_float16_meets_onnx_rule_against_onnx_reference(best
 
 
 @pytest.mark.parametrize("opset, attrs, outputs", [(15, {"training_mode": 1}, ("Y", "rm", "rv")),
-                                                   (9, {}, ("Y", "mean", "var")), (7, {"spatial": 0}, ("Y",))])
+                                                   (9, {}, ("Y", "running_mean", "running_var")), (7, {"spatial": 0}, ("Y",))])
 def test_batch_normalization_training_forms_are_declined(best, opset, attrs, outputs):
     from onnx_quant.backend_wgpu.session import Session
     from onnx_quant.errors import QuantError
