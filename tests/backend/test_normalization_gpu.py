@@ -1,5 +1,5 @@
 """RMSNormalization-23, InstanceNormalization, GroupNormalization-21 (LayerNormalization's
-template and snippet) and BatchNormalization's inference form on the GPU.
+template and snippet), BatchNormalization's inference form and LpNormalization on the GPU.
 
 - ONNX's node cases of these ops pass with no host fallback under every variant, or are named in
   DECLINED with the clause that declines them;
@@ -20,7 +20,7 @@ from onnx.reference import ReferenceEvaluator
 from conftest import run_every_variant, value_info_of
 
 f32 = np.float32
-OPS = ("RMSNormalization", "InstanceNormalization", "GroupNormalization", "BatchNormalization")
+OPS = ("RMSNormalization", "InstanceNormalization", "GroupNormalization", "BatchNormalization", "LpNormalization")
 DECLINED = {"test_batchnorm_example_training_mode": "'inferenceOnly' is false",
             "test_batchnorm_epsilon_training_mode": "'inferenceOnly' is false"}
 
@@ -47,7 +47,7 @@ def test_onnx_node_cases_pass_under_every_variant_or_are_declined_by_name(best):
             assert cmp.passed, (case.name, cmp.detail)
         passed.append(case.name)
     assert sorted(declined) == sorted(DECLINED)
-    assert len(passed) >= 25, len(passed)
+    assert len(passed) >= 31, len(passed)
 
 
 def _model(op, opset, x, params, attrs, outputs=("Y",)):
@@ -180,3 +180,29 @@ def test_batch_normalization_training_forms_are_declined(best, opset, attrs, out
     with pytest.raises(QuantError, match="inferenceOnly"):
         with Session(model, device=best, allow_host_fallback=False) as s:
             s.run(None, {"X": x})
+
+
+# ----------------------------------------------------------------------------- LpNormalization
+
+@pytest.mark.parametrize("dt", [np.float32, np.float16], ids=["float32", "float16"])
+@pytest.mark.parametrize("p, axis, shape", [(2, -1, (3, 7)), (1, 0, (5, 4)), (2, 1, (2, 6, 3)), (1, -1, (4, 300))])
+def test_lp_normalization(best, dt, p, axis, shape):
+    """Against the definition in float64 (the L1 norm sums |x|) and, on inputs where its p = 1 sum
+    of x is that norm (x >= 0), onnx.reference within ONNX's rule; zero rows give 0."""
+    rng = np.random.default_rng(p * 10 + len(shape))
+    x = rng.normal(0, 2, shape).astype(dt)
+    x[0] = 0
+    model = _model("LpNormalization", 22, x, {}, {"p": p, "axis": axis})
+    (got,), _ = run_every_variant(best, model, {"X": x}, "LpNormalization")
+    x64 = x.astype(np.float64)
+    norm = (np.abs(x64) ** p).sum(axis=axis, keepdims=True) ** (1 / p)
+    ref = np.divide(x64, norm, out=np.zeros_like(x64), where=norm != 0)
+    # float32: n roundings of the sum, the root and the division; float16: the reference's steps
+    # (2^-11 each) and float16's subnormal spacing (2^-24) near 0
+    D = shape[axis]
+    rtol, atol = (2.0**-24 * (D + 4), 1e-30) if dt == np.float32 else (2.0**-11 * 4, 2.0**-24)
+    assert np.all(np.abs(got - ref) <= rtol * np.abs(ref) + atol) and np.all(got[0] == 0)
+    xp = np.abs(x)
+    (got_pos,), _ = run_every_variant(best, model, {"X": xp}, "LpNormalization")
+    expected = ReferenceEvaluator(model).run(None, {"X": xp})[0]
+    assert np.allclose(got_pos, expected, rtol=1e-3, atol=1e-7)
