@@ -1,5 +1,6 @@
 """RMSNormalization-23, InstanceNormalization, GroupNormalization-21 (LayerNormalization's
-template and snippet), BatchNormalization's inference form and LpNormalization on the GPU.
+template and snippet), BatchNormalization's inference form, LpNormalization and
+MeanVarianceNormalization on the GPU.
 
 - ONNX's node cases of these ops pass with no host fallback under every variant, or are named in
   DECLINED with the clause that declines them;
@@ -20,7 +21,8 @@ from onnx.reference import ReferenceEvaluator
 from conftest import run_every_variant, value_info_of
 
 f32 = np.float32
-OPS = ("RMSNormalization", "InstanceNormalization", "GroupNormalization", "BatchNormalization", "LpNormalization")
+OPS = ("RMSNormalization", "InstanceNormalization", "GroupNormalization", "BatchNormalization", "LpNormalization",
+       "MeanVarianceNormalization")
 DECLINED = {"test_batchnorm_example_training_mode": "'inferenceOnly' is false",
             "test_batchnorm_epsilon_training_mode": "'inferenceOnly' is false"}
 
@@ -47,7 +49,7 @@ def test_onnx_node_cases_pass_under_every_variant_or_are_declined_by_name(best):
             assert cmp.passed, (case.name, cmp.detail)
         passed.append(case.name)
     assert sorted(declined) == sorted(DECLINED)
-    assert len(passed) >= 31, len(passed)
+    assert len(passed) >= 32, len(passed)
 
 
 def _model(op, opset, x, params, attrs, outputs=("Y",)):
@@ -206,3 +208,18 @@ def test_lp_normalization(best, dt, p, axis, shape):
     (got_pos,), _ = run_every_variant(best, model, {"X": xp}, "LpNormalization")
     expected = ReferenceEvaluator(model).run(None, {"X": xp})[0]
     assert np.allclose(got_pos, expected, rtol=1e-3, atol=1e-7)
+
+
+# ----------------------------------------------------------------------------- MeanVarianceNormalization
+
+@pytest.mark.parametrize("opset, axes, shape", [(13, None, (2, 3, 4, 5)), (9, [1], (3, 5, 2)), (13, [0, 1], (4, 6)),
+                                                (13, [-1, 0], (3, 2, 7))])
+def test_mean_variance_normalization_meets_onnx_rule_against_onnx_reference(best, opset, axes, shape):
+    """As the function body computes it (E[x^2] - E[x]^2, + 1e-9). Inputs of a moderate mean: the
+    body's variance cancels as |mean| / sd grows."""
+    rng = np.random.default_rng(len(shape) + opset)
+    x = (rng.normal(0, 2, shape) + 0.5).astype(f32)
+    model = _model("MeanVarianceNormalization", opset, x, {}, {} if axes is None else {"axes": axes})
+    (got,), _ = run_every_variant(best, model, {"X": x}, "MeanVarianceNormalization")
+    expected = ReferenceEvaluator(model).run(None, {"X": x})[0]
+    assert got.dtype == expected.dtype and np.allclose(got, expected, rtol=1e-3, atol=1e-7)
