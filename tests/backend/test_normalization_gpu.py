@@ -113,12 +113,14 @@ def test_rms_normalization_declines_other_stash_types(best):
     ("InstanceNormalization", 22, (3, 2), None),        # no spatial dims: y = B
     ("GroupNormalization", 21, (2, 6, 3, 3), 3),
     ("GroupNormalization", 21, (2, 4, 5), 1),           # one group: LayerNormalization over C x spatial
+    ("GroupNormalization", 18, (2, 6, 3, 3), 3),        # scale and bias per group
 ])
 def test_channel_normalizations_within_bound(best, op, opset, shape, groups):
     rng = np.random.default_rng(shape[1] * 7 + len(shape))
     x = (rng.normal(0, 2, shape) + 1.5).astype(f32)
     C = shape[1]
-    scale, bias = rng.normal(1, 0.5, C).astype(f32), rng.normal(0, 0.5, C).astype(f32)
+    n_affine = groups if op == "GroupNormalization" and opset < 21 else C
+    scale, bias = rng.normal(1, 0.5, n_affine).astype(f32), rng.normal(0, 0.5, n_affine).astype(f32)
     attrs = {} if groups is None else {"num_groups": groups}
     model = _model(op, opset, x, {"scale": scale, "B": bias}, attrs)
     (got,), _ = run_every_variant(best, model, {"X": x}, op)
@@ -127,7 +129,7 @@ def test_channel_normalizations_within_bound(best, op, opset, shape, groups):
     mean = x64.mean(axis=2, keepdims=True)
     sd = np.sqrt(((x64 - mean) ** 2).mean(axis=2, keepdims=True) + float(f32(1e-5)))
     chan = (C,) + (1,) * (len(shape) - 2)
-    s64, b64 = scale.astype(np.float64).reshape(chan), bias.astype(np.float64).reshape(chan)
+    s64, b64 = (np.repeat(v.astype(np.float64), C // n_affine).reshape(chan) for v in (scale, bias))
     ref = ((x64 - mean) / sd).reshape(shape) * s64 + b64
     mag = (np.abs(s64) * ((np.abs(x64) + np.abs(mean)) / sd).reshape(shape)) + np.abs(b64)
     assert np.all(np.abs(got - ref) <= 2.0**-24 * (16 + x64.shape[2] / 16) * mag)
