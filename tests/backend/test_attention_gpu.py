@@ -17,7 +17,7 @@ import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-from conftest import run_every_variant, value_info_of
+from conftest import assert_declined, run_every_variant, value_info_of
 
 #: node cases kept off the GPU, and the words of the reason
 DECLINED = {f"test_attention_{c}": "T allows only float32, float16"
@@ -35,16 +35,14 @@ def _cases():
 
 
 def test_onnx_node_cases_pass_under_every_variant_or_are_declined_by_name(best):
-    from onnx_quant.backend_wgpu.conformance import compare_outputs, run_case
+    from onnx_quant.backend_wgpu.conformance import compare_outputs
     from onnx_quant.backend_wgpu.session import Session
     from onnx_quant.errors import KernelRejected
 
     passed, declined = [], []
     for case in _cases():
         if case.name in DECLINED:
-            row = run_case(case, device=best, host_fallback=False)
-            assert not row.passed and row.max_error is None and DECLINED[case.name] in (row.error or ""), \
-                (case.name, row.error)
+            assert_declined(best, case, DECLINED[case.name])
             declined.append(case.name)
             continue
         names = [o.name for o in case.model.graph.output]

@@ -18,7 +18,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from conftest import run_every_variant, value_info_of
+from conftest import assert_declined, run_every_variant, value_info_of
 
 f32 = np.float32
 OPS = ("RMSNormalization", "InstanceNormalization", "GroupNormalization", "BatchNormalization", "LpNormalization",
@@ -28,7 +28,7 @@ DECLINED = {"test_batchnorm_example_training_mode": "'inferenceOnly' is false",
 
 
 def test_onnx_node_cases_pass_under_every_variant_or_are_declined_by_name(best):
-    from onnx_quant.backend_wgpu.conformance import case_op_type, compare_outputs, run_case
+    from onnx_quant.backend_wgpu.conformance import case_op_type, compare_outputs
     from onnx_quant.node_cases import all_node_cases
 
     passed, declined = [], []
@@ -36,9 +36,7 @@ def test_onnx_node_cases_pass_under_every_variant_or_are_declined_by_name(best):
         if case.model is None or case_op_type(case) not in OPS:
             continue
         if case.name in DECLINED:
-            row = run_case(case, device=best, host_fallback=False)
-            assert not row.passed and row.max_error is None and DECLINED[case.name] in (row.error or ""), \
-                (case.name, row.error)
+            assert_declined(best, case, DECLINED[case.name])
             declined.append(case.name)
             continue
         names = [o.name for o in case.model.graph.output]

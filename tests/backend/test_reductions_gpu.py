@@ -26,6 +26,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from onnx_quant.errors import ExecutionError
+from conftest import assert_node_cases_pass_or_declined
 
 U = 2.0 ** -24  # unit roundoff of float32
 U16 = 2.0 ** -11  # of float16
@@ -50,22 +51,7 @@ OPS = ("ReduceSum", "ReduceMean", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceL
 
 
 def test_onnx_node_cases_pass_on_the_gpu_or_are_declined_by_name(best):
-    from onnx_quant.backend_wgpu.conformance import case_op_type, run_case
-    from onnx_quant.node_cases import all_node_cases
-
-    cases = [c for c in all_node_cases() if c.model is not None and case_op_type(c).split(" ")[0] in OPS]
-    passed, declined = [], []
-    for case in cases:
-        row = run_case(case, device=best, host_fallback=False)
-        if case.name in DECLINED:
-            assert not row.passed and row.max_error is None and DECLINED[case.name] in (row.error or ""), \
-                (case.name, row.error)
-            declined.append(case.name)
-        else:
-            assert row.passed, (case.name, row.error)
-            passed.append(case.name)
-    assert sorted(declined) == sorted(DECLINED)
-    assert len(passed) >= 158, len(passed)
+    assert_node_cases_pass_or_declined(best, OPS, DECLINED, 158)
 
 
 # ----------------------------------------------------------------------------- harness
