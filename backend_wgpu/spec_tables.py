@@ -24,8 +24,23 @@ from onnx_quant.errors import SpecError
 
 _TABLE_KEYS = {"description", "families", "ops"}
 _FAMILY_KEYS = {"extends", "passShaders", "inputs", "outputs", "description"}
-_OP_KEYS = {"family", "since", "until", "types", "expr", "attributes", "description"}
-_EXPR_KEYS = {"*", "f32", "i32", "bool", "f32,i32", "f32,f32", "i32,i32", "bool,bool"}
+_OP_KEYS = {"family", "since", "until", "types", "expr", "final", "attributes", "description"}
+_IO_KEYS = {"dtype", "optional"}
+_ATTR_KEYS = {"required", "values"}
+
+#: the register type each element type computes in (the expression keys); mirrors
+#: templates/snippets/tensor_io.wgsl.jinja's _REG, with bool its own kind (a WGSL bool)
+REGISTERS: dict[str, tuple[str, ...]] = {
+    "f32": ("float32", "float16"),
+    "i32": ("int32", "int16", "int8", "uint16", "uint8"),
+    "u32": ("uint32",),
+    "i64": ("int64",),
+    "u64": ("uint64",),
+    "bool": ("bool",),
+}
+#: expression keys that match any operands: "*" (values in their registers), "raw" (every
+#: operand's bits: u32, or vec2<u32> for a 64-bit type; the result is the output's bits)
+_ANY_KEYS = ("*", "raw")
 
 
 class _Table:
@@ -61,10 +76,36 @@ class _Table:
             raise self.err(fld, "expected a WGSL expression or an object register type -> expression")
         flat: list[str] = []
         for key, text in exprs.items():
-            if key not in _EXPR_KEYS or not isinstance(text, str) or not text.strip():
-                raise self.err(f"{fld}.{key}", f"expected one of {sorted(_EXPR_KEYS)} -> a WGSL expression")
+            parts = key.split(",")
+            if not (key in _ANY_KEYS or all(k in REGISTERS for k in parts)) or not isinstance(text, str) \
+                    or not text.strip():
+                raise self.err(f"{fld}.{key}", f"expected a register type ({', '.join(REGISTERS)}), several joined "
+                                               f"by ',', or one of {', '.join(_ANY_KEYS)} -> a WGSL expression")
             flat += [key, text]
         return flat
+
+    def io(self, family: Mapping[str, Any], section: str, fld: str) -> dict[str, tuple[str, bool]]:
+        """A family's inputs or outputs: name -> (constraint, optional)."""
+        out = {}
+        for name, v in family[section].items():
+            if isinstance(v, str):
+                out[name] = (v, False)
+            else:
+                d = self.obj(v, f"{fld}.{section}.{name}", _IO_KEYS, {"dtype"})
+                out[name] = (d["dtype"], bool(d.get("optional", False)))
+        return out
+
+    def attribute(self, name: str, v: Any, fld: str) -> tuple[dict, list[str] | None]:
+        """A table attribute: its ONNX default, or {"required": true, "values": [strings]}
+        (a string attribute the expression reads as an enumeration)."""
+        if not isinstance(v, dict):
+            return {"default": v}, None
+        d = self.obj(v, f"{fld}.attributes.{name}", _ATTR_KEYS, {"required", "values"})
+        values = d["values"]
+        if d["required"] is not True or not isinstance(values, list) or not values \
+                or not all(isinstance(x, str) and x.isidentifier() for x in values):
+            raise self.err(f"{fld}.attributes.{name}", "expected {\"required\": true, \"values\": [identifiers]}")
+        return {"required": True}, values
 
     def versions(self, op: str, fld: str, since: int, until: int | None) -> list[int]:
         known = opsets.since_versions(op)
@@ -79,7 +120,7 @@ class _Table:
         facts = opsets.op_facts(op, version)
         out = {c: list(ts) for c, ts in types.items()}
         for section, formals in (("inputs", facts.input), ("outputs", facts.output)):
-            for i, (io, constraint) in enumerate(family[section].items()):
+            for i, (io, (constraint, _)) in enumerate(self.io(family, section, fld).items()):
                 formal = formals(i)
                 if formal is None:
                     raise self.err(fld, f"{op}-{version} has no {section[:-1]} {i} for {io!r}")
@@ -97,7 +138,9 @@ class _Table:
         family = families.get(d["family"])
         if family is None:
             raise self.err(f"{fld}.family", f"unknown family {d['family']!r}; families: {', '.join(families)}")
-        constraints = set(family["inputs"].values()) | set(family["outputs"].values())
+        inputs = self.io(family, "inputs", f"families.{d['family']}")
+        outputs = self.io(family, "outputs", f"families.{d['family']}")
+        constraints = {c for c, _ in inputs.values()} | {c for c, _ in outputs.values()}
         types = d["types"]
         if not isinstance(types, dict) or set(types) != constraints:
             raise self.err(f"{fld}.types", f"expected the element types of {sorted(constraints)}")
@@ -105,6 +148,16 @@ class _Table:
         if not isinstance(attributes, dict):
             raise self.err(f"{fld}.attributes", "expected an object name -> default")
         exprs = self.expressions(d["expr"], f"{fld}.expr")
+        final = d.get("final")
+        if final is not None and (not isinstance(final, str) or not final.strip()):
+            raise self.err(f"{fld}.final", "expected a WGSL expression over a and n")
+        attrs = {a: self.attribute(a, v, fld) for a, v in attributes.items()}
+        enums = [[a, values] for a, (_, values) in attrs.items() if values is not None]
+        derive = {"op": json.dumps(op), "exprs": json.dumps(exprs), "operands": json.dumps(list(inputs)),
+                  "operandShapes": "[" + ", ".join(f"shapes.{io}" for io in inputs) + "]",
+                  "exprOk": _expr_ok(exprs, list(inputs)), "enums": json.dumps(enums)}
+        if final is not None:
+            derive["final"] = json.dumps(final)
         docs: list[tuple[str, dict]] = []
         previous = None
         versions = self.versions(op, fld, d["since"], d.get("until"))
@@ -120,11 +173,11 @@ class _Table:
                 "name": op, "sinceVersion": version,
                 "description": d.get("description", ""),
                 "extends": family["extends"], "passShaders": family.get("passShaders", {}),
-                "inputs": {io: {"dtype": c} for io, c in family["inputs"].items()},
-                "outputs": {io: {"dtype": c} for io, c in family["outputs"].items()},
+                "inputs": {io: {"dtype": c, **({"optional": True} if o else {})} for io, (c, o) in inputs.items()},
+                "outputs": {io: {"dtype": c} for io, (c, _) in outputs.items()},
                 "typeConstraints": allowed,
-                "attributes": {a: {"default": v} for a, v in attributes.items()},
-                "derive": {"op": json.dumps(op), "exprs": json.dumps(exprs)},
+                "attributes": {a: decl for a, (decl, _) in attrs.items()},
+                "derive": derive,
             }))
         if "until" in d:
             docs[-1][1]["untilVersion"] = d["until"]
@@ -145,6 +198,22 @@ class _Table:
             for label, doc in self.op_documents(op, decl, families):
                 specs.append(load_spec_document(doc, self.path, label))
         return specs
+
+
+def _expr_ok(exprs: list[str], operands: list[str]) -> str:
+    """An expression over ``dtypes`` that holds when some key of ``exprs`` matches the operands'
+    types: the kernel's variants require it, so operands without an expression (an integer
+    base with a float exponent) are declined by type, never rendered."""
+    keys = exprs[0::2]
+    if any(k in _ANY_KEYS for k in keys):
+        return "true"
+    alternatives = []
+    for key in keys:
+        terms = []
+        for io, reg in zip(operands, key.split(",")):
+            terms.append("(" + " or ".join(f'dtypes.{io} == "{t}"' for t in REGISTERS[reg]) + ")")
+        alternatives.append("(" + " and ".join(terms) + ")")
+    return " or ".join(alternatives)
 
 
 def _known(code: int) -> bool:
