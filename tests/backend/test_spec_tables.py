@@ -24,7 +24,9 @@ _NP_NAME = {"float": "float32", "double": "float64"}
 def _schema_types(op: str, version: int, io_index: int, output: bool) -> set[str]:
     """Element type names onnx.defs allows for one input/output of the schema in force."""
     s = defs.get_schema(op, version, "")
-    formal = (s.outputs if output else s.inputs)[io_index]
+    formals = s.outputs if output else s.inputs
+    variadic = formals[-1].option == defs.OpSchema.FormalParameterOption.Variadic
+    formal = formals[min(io_index, len(formals) - 1)] if variadic else formals[io_index]
     allowed = next((tc.allowed_type_strs for tc in s.type_constraints if tc.type_param_str == formal.type_str),
                    [formal.type_str])
     names = set()
@@ -59,6 +61,10 @@ def test_every_schema_version_gets_the_table_types_onnx_defs_allows(op):
 def test_attribute_defaults_are_onnx_defaults(op):
     schema = defs.get_schema(op, 100, "")
     for name, default in ENTRIES[op]["attributes"].items():
+        if isinstance(default, dict):  # a required string attribute read as an enumeration
+            assert schema.attributes[name].required and default["required"] is True, name
+            assert SPECS.find("", op, 100).attributes[name].required
+            continue
         onnx_default = helper.get_attribute_value(schema.attributes[name].default_value)
         assert type(default) is type(onnx_default) and default == pytest.approx(onnx_default, rel=1e-7), name
         assert SPECS.find("", op, 100).attributes[name].default == default
