@@ -601,6 +601,8 @@ def cmd_conformance(args) -> int:
     ops = [o for o in re.split(r"[,\s]+", ops) if o] if ops else None
     as_json = getattr(args, "json", False)
     device = get_device(getattr(args, "adapter", None))
+    if getattr(args, "suite", "family") == "all":
+        return _conformance_suite(ops, device, as_json, not getattr(args, "no_onnxruntime", False))
 
     def progress(i: int, n: int, row) -> None:
         print(f"[{i}/{n}] {row.case}: {status(row)} ({row.seconds:.2f} s)", file=sys.stderr, flush=True)
@@ -613,6 +615,36 @@ def cmd_conformance(args) -> int:
     t = totals(rows)
     print(f"conformance: {t['passed']}/{t['cases']} passed on {device.info.name}", file=sys.stderr)
     return 0 if rows and t["passed"] == t["cases"] else 1
+
+
+def _conformance_suite(ops, device, as_json: bool, with_ort: bool) -> int:
+    """``--suite all``: ONNX's whole node suite on the GPU (no host fallback), a row per op type
+    beside onnxruntime CPU; exit 1 if any case gave a wrong value or an internal error (declines
+    and missing kernels are reported, not failures)."""
+    from onnx_quant.backend_wgpu.suite import format_summary, outcome, run_suite, summarise  # noqa: PLC0415
+
+    def progress(engine: str, i: int, n: int, row) -> None:
+        if i % 100 == 0 or i == n:
+            print(f"[{engine} {i}/{n}]", file=sys.stderr, flush=True)
+
+    gpu, ort = run_suite(ops, device=device, onnxruntime=with_ort, progress=progress)
+    summary = summarise(gpu, ort)
+    total = summary[-1]
+    if as_json:
+        outcome_of = {r.case: outcome(r) for r in gpu}
+        ort_pass = {r.case: r.passed for r in ort or ()}
+        print(json.dumps({
+            "suite": "all", "device": device.info.name,
+            "ops": [vars(s) for s in summary],
+            "cases": [{**r.as_dict(), "outcome": outcome_of[r.case],
+                       **({"onnxruntime_passed": ort_pass[r.case]} if ort is not None else {})} for r in gpu],
+        }, indent=1))
+    else:
+        print(format_summary(summary))
+    ort_text = f", onnxruntime CPU {total.onnxruntime}" if ort is not None else ""
+    print(f"conformance --suite all: {total.passed}/{total.cases} pass on {device.info.name} ({total.wrong} wrong, "
+          f"{total.declined} declined, {total.no_kernel} no kernel, {total.errors} errors){ort_text}", file=sys.stderr)
+    return 0 if gpu and total.wrong == 0 and total.errors == 0 else 1
 
 
 # --------------------------------------------------------------------------- demo

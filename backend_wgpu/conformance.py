@@ -23,7 +23,9 @@ for comparison; ``benchmarks/gen_conformance_doc.py`` writes both into docs/conf
 
 from __future__ import annotations
 
+import functools
 import inspect
+import re
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -82,23 +84,38 @@ def case_names(ops: Iterable[str] | None = None) -> list[str]:
 
 
 def case_op_type(case: Any) -> str:
-    """The family op a case tests: its single node's op, or ``<op> (expanded)`` for a case
-    whose model is the function expansion of a family op (test_*_expanded)."""
+    """The op a case tests: its single node's op, or ``<op> (expanded)`` for a case whose model
+    is the function expansion of an op (``test_*_expanded``, ``test_*_expanded_ver18``)."""
     ops = case_ops(case)
     if len(ops) == 1:
         return ops[0]
-    if case.name.endswith("_expanded"):
-        base = case.name[: -len("_expanded")]
-        for other in all_node_cases():
-            if other.name == base and other.model is not None and len(other.model.graph.node) == 1:
-                return f"{other.model.graph.node[0].op_type} (expanded)"
+    m = re.fullmatch(r"(.*)_expanded(_ver\d+)?", case.name)
+    if m:
+        op = _single_op_cases().get(m.group(1))
+        if op is not None:
+            return f"{op} (expanded)"
     fam = [op for op in ops if op in FAMILY_OPS]
-    return "+".join(dict.fromkeys(fam)) or "+".join(ops)
+    if fam:
+        return "+".join(dict.fromkeys(fam))
+    distinct = list(dict.fromkeys(ops))
+    return "+".join(distinct[:3]) + ("+..." if len(distinct) > 3 else "")
 
 
-def _as_array(value: Any) -> np.ndarray:
+@functools.lru_cache(maxsize=1)
+def _single_op_cases() -> dict[str, str]:
+    """Case name -> op type of every one-node case (what an expanded case expands)."""
+    return {c.name: c.model.graph.node[0].op_type for c in all_node_cases()
+            if c.model is not None and len(c.model.graph.node) == 1}
+
+
+def _as_array(value: Any) -> Any:
+    """A tensor as an array; a sequence stays a list (of arrays), an empty optional None."""
     if isinstance(value, onnx.TensorProto):
         return numpy_helper.to_array(value)
+    if isinstance(value, list):
+        return [_as_array(v) for v in value]
+    if value is None:
+        return None
     return np.asarray(value)
 
 
@@ -139,6 +156,15 @@ def compare_outputs(got: Sequence[Any], expected: Sequence[np.ndarray], names: S
         return Comparison(False, False, float("nan"), f"{len(got)} outputs, expected {len(expected)}")
     passed, exact, max_err, problems = True, True, 0.0, []
     for name, g, e in zip(names, got, expected):
+        if isinstance(e, list) or e is None:  # a sequence or an optional: element by element
+            items = e or []
+            sub = (compare_outputs(list(g), items, [f"{name}[{i}]" for i in range(len(items))], rtol=rtol, atol=atol)
+                   if isinstance(g, list) else Comparison(g is None and e is None, g is None and e is None, 0.0,
+                                                          f"{name}: a {type(g).__name__}, expected {e!r:.40}"))
+            passed, exact, max_err = passed and sub.passed, exact and sub.exact, max(max_err, sub.max_error)
+            if sub.detail:
+                problems.append(sub.detail)
+            continue
         g = np.asarray(g)
         e = np.asarray(e)
         if g.dtype != e.dtype:
@@ -342,6 +368,8 @@ def run_case(case: Any, *, device: Any = None, adapter: Any = None, host_fallbac
     session = None
     try:
         feeds, names, expected = case_io(case)
+        if any(not isinstance(v, np.ndarray) for v in feeds.values()):
+            raise ExecutionError("a sequence or optional input: the GPU backend runs tensors only")
         session = make_session(case.model, device=device, adapter=adapter, host_fallback=host_fallback)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

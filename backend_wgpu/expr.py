@@ -12,7 +12,8 @@ Values are ``int`` (exact Python integers), ``float``, ``bool``, ``str`` and lis
   ``device.limits.<X>`` (int), ``device.features.has("name")`` (bool);
 - ``attrs.<name>`` (the node's attribute or its declared default: int, float, str or a
   list), ``dtypes.<io>`` (element type name, e.g. ``"int4"``), ``present.<io>`` (bool:
-  false for an absent optional input);
+  false for an absent optional input), ``values.<input>`` (the contents of an input the
+  spec declares ``"constant": true``, read when the node is planned: a flat list of numbers);
 - bare identifiers: derived names (``derive`` blocks) visible at that point.
 
 Functions: ``numel(shape[, start[, stop]])`` (product of ``shape[start:stop]``),
@@ -54,9 +55,9 @@ MAX_INT_BITS = 256
 MAX_EVAL_STEPS = 20_000
 
 #: Names that only make sense followed by an attribute.
-NAMESPACES = frozenset({"shapes", "ranks", "tunables", "device", "attrs", "dtypes", "present"})
+NAMESPACES = frozenset({"shapes", "ranks", "tunables", "device", "attrs", "dtypes", "present", "values"})
 #: Namespaces read as ``<ns>.<name>`` (two parts).
-_TWO_PART = ("shapes", "ranks", "tunables", "attrs", "dtypes", "present")
+_TWO_PART = ("shapes", "ranks", "tunables", "attrs", "dtypes", "present", "values")
 #: Function name -> (minimum, maximum or None) argument count.
 FUNCTIONS: dict[str, tuple[int, int | None]] = {
     "numel": (1, 3), "ceilDiv": (2, 2), "min": (1, None), "max": (1, None), "bits": (1, 1),
@@ -341,10 +342,12 @@ class Scope:
 
     ``io`` names the inputs/outputs (for ``shapes.``/``ranks.``/``dtypes.``/``present.``),
     ``tunables`` the tunables, ``names`` the derived names visible at that point,
-    ``attributes`` the declared node attributes (for ``attrs.``).
+    ``attributes`` the declared node attributes (for ``attrs.``), ``constants`` the inputs
+    declared ``"constant": true`` (for ``values.``).
     """
 
     io: frozenset[str] = frozenset()
+    constants: frozenset[str] = frozenset()
     tunables: frozenset[str] = frozenset()
     names: frozenset[str] = frozenset()
     attributes: frozenset[str] = frozenset()
@@ -377,6 +380,10 @@ class _Checker:
                 if parts[1] not in self.scope.io:
                     raise self.fail(f"unknown input/output {parts[1]!r} in {parts[0]}.{parts[1]}"
                                     + suggest(parts[1], self.scope.io))
+            elif parts[0] == "values":
+                if parts[1] not in self.scope.constants:
+                    raise self.fail(f"values.{parts[1]}: {parts[1]!r} is not an input declared "
+                                    f"\"constant\": true" + suggest(parts[1], self.scope.constants))
             elif parts[0] == "tunables":
                 if parts[1] not in self.scope.tunables:
                     raise self.fail(f"unknown tunable {parts[1]!r}" + suggest(parts[1], self.scope.tunables))
@@ -428,7 +435,8 @@ class Env:
     names; ``names`` the derived values visible at this point; ``attrs`` the node's
     attribute values (declared defaults filled in; lists as tuples); ``dtypes`` each
     input/output's element type name; ``present`` whether each input/output is present
-    (an io missing from ``present`` counts as present when it has a shape).
+    (an io missing from ``present`` counts as present when it has a shape); ``values`` the
+    contents of the constant inputs (tuples of numbers, flattened).
     """
 
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
@@ -440,6 +448,7 @@ class Env:
     attrs: Mapping[str, Any] = field(default_factory=dict)
     dtypes: Mapping[str, str] = field(default_factory=dict)
     present: Mapping[str, bool] = field(default_factory=dict)
+    values: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
 
     def rank_of(self, io: str) -> int | None:
         if self.ranks is not None and io in self.ranks:
@@ -530,6 +539,11 @@ class _Evaluator:
                 return True
             known = set(self.env.present) | set(self.env.shapes)
             raise self.fail(f"unknown input/output {parts[1]!r} in present.{parts[1]}" + suggest(parts[1], known))
+        if ns == "values":
+            if parts[1] not in self.env.values:
+                raise self.fail(f"no value for input {parts[1]!r} in values.{parts[1]}"
+                                + suggest(parts[1], self.env.values))
+            return self.env.values[parts[1]]
         # device.limits.X
         if parts[2] not in self.env.limits:
             raise self.fail(f"unknown device limit {parts[2]!r}" + suggest(parts[2], self.env.limits))

@@ -5,6 +5,9 @@ Each phase is a function over plain data — node records, inferred values, kern
 limits as numbers — never a live device, so each is tested on the CPU
 (tests/backend/test_graph_plan.py). ``Session._build_plan`` runs them in this order:
 
+0. :func:`value_keyed_inputs` — the small integer graph inputs whose contents the plan needs
+   (the plan is then keyed on their values and inference folds what follows from them);
+
 1. :func:`place` — per node: a Constant (``const``), a value inference computed (``fold``: shape
    arithmetic on small integers), a view of its input (``view``), or what construction decided
    (``gpu`` with a kernel spec, ``host``);
@@ -112,6 +115,95 @@ def attributes(node: onnx.NodeProto) -> dict[str, Any]:
             v = [x.decode("utf-8", "replace") if isinstance(x, bytes) else x for x in v]
         out[a.name] = v
     return out
+
+
+def subgraph_reads(node: onnx.NodeProto) -> set[str]:
+    """Outer-scope names the node's subgraphs (If/Loop/Scan bodies) read."""
+    names: set[str] = set()
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            names |= _free_names(a.g)
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            for g in a.graphs:
+                names |= _free_names(g)
+    return names
+
+
+def _free_names(graph: onnx.GraphProto) -> set[str]:
+    defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    defined |= {s.values.name for s in graph.sparse_initializer}
+    free: set[str] = set()
+    for n in graph.node:
+        free |= {i for i in n.input if i and i not in defined}
+        free |= {i for i in subgraph_reads(n) if i not in defined}
+        defined |= {o for o in n.output if o}
+    return free
+
+
+# ----------------------------------------------------------------------------- 0. plan-time values
+
+#: elements a graph input may have for a plan to be keyed on its contents
+MAX_VALUE_KEY_ELEMENTS = 64
+VALUE_KEY_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16,
+                             onnx.TensorProto.INT8, onnx.TensorProto.UINT64, onnx.TensorProto.UINT32,
+                             onnx.TensorProto.UINT16, onnx.TensorProto.UINT8, onnx.TensorProto.BOOL})
+
+
+def value_keyed_inputs(nodes: Sequence[NodeInfo], values: Mapping[str, Any], inputs: Sequence[str]) -> tuple[str, ...]:
+    """Graph inputs whose contents a plan for these input shapes needs: small integer inputs
+    that feed (through any nodes) a node whose inputs all have known shapes but which still
+    lacks what planning needs, an output shape (Slice's starts, Expand's shape, Range's limit
+    fed as graph inputs) or a constant input of its kernel (``values.<name>``). Planning for
+    their values (the plan keyed on them) lets inference fold the shapes, as onnxruntime reads
+    such inputs on the CPU. Empty when the shapes alone suffice."""
+    producer = {o: info for info in nodes for o in info.node.output if o}
+    candidates = {n for n in inputs if _small_integer(values.get(n))}
+    if not candidates:
+        return ()
+    wanted: set[str] = set()
+    seen: set[str] = set()
+    stack: list[str] = []
+    for info in nodes:
+        ins = [i for i in info.node.input if i]
+        if info.kind == "const" or not all(_has_shape(values.get(i)) for i in ins):
+            continue  # an upstream unknown: the node is not where values are missing
+        outs_unknown = any(concrete(getattr(values.get(o), "shape", None)) is None for o in info.node.output if o)
+        consts = _constant_input_names(info)
+        missing_const = [i for i in consts if getattr(values.get(i), "value", None) is None]
+        if outs_unknown:
+            stack.extend(i for i in ins if getattr(values.get(i), "value", None) is None)
+        else:
+            stack.extend(missing_const)
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in candidates:
+            wanted.add(name)
+            continue
+        src = producer.get(name)
+        if src is not None and src.kind != "const":
+            stack.extend(i for i in src.node.input if i and getattr(values.get(i), "value", None) is None)
+    return tuple(n for n in inputs if n in wanted)
+
+
+def _small_integer(info: Any) -> bool:
+    shape = concrete(getattr(info, "shape", None))
+    return (info is not None and info.elem_type in VALUE_KEY_TYPES and shape is not None
+            and math.prod(shape) <= MAX_VALUE_KEY_ELEMENTS)
+
+
+def _has_shape(info: Any) -> bool:
+    return info is not None and concrete(info.shape) is not None
+
+
+def _constant_input_names(info: NodeInfo) -> list[str]:
+    """The node's value names bound to its kernel's ``"constant"`` inputs."""
+    if info.spec is None:
+        return []
+    names = list(info.node.input)
+    return [names[d.index] for d in info.spec.inputs.values() if d.constant and d.index < len(names) and names[d.index]]
 
 
 # ----------------------------------------------------------------------------- 1. place

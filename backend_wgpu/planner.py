@@ -16,6 +16,8 @@ import struct as _struct
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+import numpy as np
+
 from onnx_quant.backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS, DeviceInfo
 from onnx_quant.backend_wgpu.packing import device_nbytes
 from onnx_quant.backend_wgpu.expr import Env, Expr, evaluate_value, type_name
@@ -245,9 +247,14 @@ def plan_node(
     variant: str | None = None,
     node_label: str = "",
     attributes: Mapping[str, Any] | None = None,
+    values: Mapping[str, Any] | None = None,
 ) -> NodePlan:
     """Plan one node. ``shapes``/``dtypes`` cover every input and output of the spec,
     except absent optional inputs, which are simply left out.
+
+    ``values`` holds the contents (arrays) of the inputs the spec declares ``"constant"``:
+    a present one without a value rejects the node (``KernelRejected``: it must be known
+    when the node is planned).
 
     ``attributes`` are the node's attributes (values as ``onnx.helper.get_attribute_value``
     returns them; bytes are decoded to str); an attribute the spec does not declare is an
@@ -316,10 +323,11 @@ def plan_node(
             io_types[n] = bound[decl.dtype][0] if decl.dtype in bound else spec.type_constraints[decl.dtype][0]
     io_types = {n: io_types[n] for n in spec.io}
 
+    consts = _constant_values(spec, present, shp, values or {}, where)
     limits = {**WEBGPU_DEFAULT_LIMITS, **dict(device.limits)}
     features = frozenset(device.features)
     env = Env(shapes=shp, tunables=tun, limits=limits, features=features,
-              attrs=attrs, dtypes=io_types, present=present)
+              attrs=attrs, dtypes=io_types, present=present, values=consts)
 
     # 1. top-level derive
     top = _derive(spec.derive, env, where(), "derive")
@@ -407,6 +415,36 @@ def plan_node(
         when=tuple(c.text for c in chosen.when),
         decided_by=_decided_by(spec, chosen, ranked, selection), tunables=tun, attrs=attrs,
     )
+
+
+#: elements a constant input may have: its contents are read on the host and baked into the
+#: plan (shape-deciding inputs are a handful of numbers)
+MAX_CONSTANT_ELEMENTS = 4096
+
+
+def _constant_values(spec: KernelSpec, present: Mapping[str, bool], shapes: Mapping[str, tuple[int, ...]],
+                     values: Mapping[str, Any], where: "_Where") -> dict[str, tuple[Any, ...]]:
+    """``values.<input>`` for each constant input: a flat tuple of Python numbers (``()`` when
+    the input is absent)."""
+    out: dict[str, tuple[Any, ...]] = {}
+    for n, decl in spec.inputs.items():
+        if not decl.constant:
+            continue
+        if not present[n]:
+            out[n] = ()
+            continue
+        v = values.get(n)
+        if v is None:
+            raise where.rejection(f"input {n!r} must be known when the node is planned (an initializer, a "
+                                  f"Constant, a folded value or a small integer graph input)")
+        a = np.asarray(v)
+        if tuple(a.shape) != tuple(shapes[n]):
+            raise ExecutionError(f"{where()}: the value given for {n!r} has shape {a.shape}, expected {shapes[n]}")
+        if a.size > MAX_CONSTANT_ELEMENTS:
+            raise where.rejection(f"input {n!r} has {a.size} elements; a kernel reads at most "
+                                  f"{MAX_CONSTANT_ELEMENTS} when it is planned")
+        out[n] = tuple(a.reshape(-1).tolist())
+    return out
 
 
 def _attribute_value(v: Any) -> Any:
@@ -562,6 +600,7 @@ def _plan_pass(spec: KernelSpec, variant: Variant, p: Pass, env_v: Env, top: Map
         "attrs": dict(attrs or {}),
         "dtypes": dict(io_types or {}),
         "present": dict(present or {}),
+        "values": {k: list(v) for k, v in env_v.values.items()},
     }
     return PassPlan(p.id, p.name, p.shader, context, tuple(bindings), (dispatch[0], dispatch[1], dispatch[2]))
 

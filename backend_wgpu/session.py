@@ -2,6 +2,9 @@
 
 Construction (once per model):
 
+* QDQ node units (``DequantizeLinear -> Conv/MatMul/Add/... -> QuantizeLinear``) are replaced by
+  the QLinear kernels onnxruntime substitutes with its optimizations on (``qdq_fusion.py``;
+  ``fuse_qdq=False`` keeps the graph as written);
 * every node gets a *placement*: a kernel spec that takes its op, attributes and element
   types (``gpu``); a view of its input (``view``: Reshape, Flatten, Squeeze, Unsqueeze,
   Identity, Dropout in inference mode); a Constant (evaluated once); or the host
@@ -46,6 +49,7 @@ from onnx_quant.backend_wgpu import graph_plan as gp
 from onnx_quant.backend_wgpu.device_value import DeviceValue, stand_in
 from onnx_quant.backend_wgpu.graph_plan import (
     DEFAULT_DOMAINS, VIEW_OPS, attributes as _attributes, concrete as _concrete, onnx_type as _onnx_type,
+    subgraph_reads,
 )
 from onnx_quant.backend_wgpu.graph_plan import NodeInfo as _NodeInfo
 from onnx_quant.backend_wgpu.executor import (
@@ -129,29 +133,6 @@ def node_label(node: onnx.NodeProto, index: int) -> str:
     return node.name or f"{node.op_type}_{index}"
 
 
-def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
-    """Outer-scope names the node's subgraphs (If/Loop/Scan bodies) read."""
-    names: set[str] = set()
-    for a in node.attribute:
-        if a.type == onnx.AttributeProto.GRAPH:
-            names |= _free_names(a.g)
-        elif a.type == onnx.AttributeProto.GRAPHS:
-            for g in a.graphs:
-                names |= _free_names(g)
-    return names
-
-
-def _free_names(graph: onnx.GraphProto) -> set[str]:
-    defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
-    defined |= {s.values.name for s in graph.sparse_initializer}
-    free: set[str] = set()
-    for n in graph.node:
-        free |= {i for i in n.input if i and i not in defined}
-        free |= {i for i in _subgraph_reads(n) if i not in defined}
-        defined |= {o for o in n.output if o}
-    return free
-
-
 class Session:
     """Run a model on a wgpu device.
 
@@ -166,6 +147,9 @@ class Session:
     templates). ``base_dir``: the folder external data of a model given as bytes or a ModelProto
     is read from (without it such data is refused; a path's own folder is used for a path).
     ``memory_budget``: bytes (or ``"2G"``) any host allocation may take (onnx_quant/budget.py).
+    ``fuse_qdq``: replace QDQ node units (DequantizeLinear -> Conv/MatMul/Add/... -> QuantizeLinear)
+    by the QLinear kernels onnxruntime substitutes from ``ORT_ENABLE_EXTENDED`` on (qdq_fusion.py;
+    ``fusion`` lists them); False runs every node as written (onnxruntime's ``ORT_DISABLE_ALL``).
 
     ``stats`` (:class:`~backend_wgpu.executor.SessionStats`) counts what the session did:
     plans, pipelines compiled, buffers allocated, bind groups, submits, read-backs, bytes
@@ -186,15 +170,18 @@ class Session:
         base_dir: str | os.PathLike | None = None,
         memory_budget: int | str | None = None,
         profile: bool = False,
+        fuse_qdq: bool = True,
     ) -> None:
         self._lock = threading.RLock()  # one run at a time per session: backend_wgpu/locking.py
         self.budget = resolve_budget(memory_budget)
         self.model = load_model(model_or_path, load_external_data=True, base_dir=base_dir, budget=self.budget)
         self._static_values = static_values(self.model)  # structural faults are refused here, first
+        self._specs = self._registry(specs)
+        #: the QDQ node units replaced by QLinear kernels (qdq_fusion.py), empty with fuse_qdq=False
+        self.fusion = self._fuse(fuse_qdq)
         graph = self.model.graph
         self.allow_host_fallback = bool(allow_host_fallback)
         self._opsets = {(imp.domain or ""): imp.version for imp in self.model.opset_import}
-        self._specs = self._registry(specs)
         self._initializers = initializer_arrays(self.model, self.budget)
         self._inputs = [vi for vi in graph.input if vi.name not in self._initializers]
         self._outputs = [vi.name for vi in graph.output]
@@ -229,6 +216,8 @@ class Session:
         self.stats = SessionStats()
         self._resources = SessionResources(self.device, self.stats)
         self._plans: "OrderedDict[tuple, GraphPlan]" = OrderedDict()
+        #: per binding of input shapes: the inputs whose contents its plans are keyed on (phase 0)
+        self._value_keyed: dict[tuple, tuple[str, ...]] = {}
         #: what the last ``run`` did (``SessionStats.since``): dispatches, submits, pipelines
         #: compiled, buffers allocated, bytes uploaded / read back, host encode µs, ...
         self.last_run_stats: dict[str, Any] = {}
@@ -240,6 +229,30 @@ class Session:
             self.profiler = Profiler(self.device)
 
     # -- construction ------------------------------------------------------------------------
+
+    def _fuse(self, enabled: bool):
+        """Phase 0, before placement: QDQ node units onto QLinear kernels (qdq_fusion.py), where a
+        kernel spec takes the replacement; ``self.model`` becomes the fused model."""
+        from onnx_quant.backend_wgpu.qdq_fusion import FusionResult, fuse_qdq  # noqa: PLC0415
+
+        self._fused_units: dict[str, Any] = {}
+        if not enabled:
+            return FusionResult(self.model)
+
+        def supported(node: onnx.NodeProto, domain: str, version: int) -> str:
+            if domain in DEFAULT_DOMAINS and node.op_type in VIEW_OPS:
+                return ""  # a view of its (quantized) input
+            spec = self._specs.find(domain, node.op_type, version)
+            if spec is None:
+                return f"no GPU kernel for {self._op_text(domain, node.op_type)} at opset {version}"
+            return self._spec_rejects(spec, node)
+
+        result = fuse_qdq(self.model, elem_of=self._elem, supported=supported)
+        if result.units:
+            self.model = result.model
+            self._static_values = static_values(self.model)
+        self._fused_units = {u.node.output[0]: u for u in result.units}
+        return result
 
     @staticmethod
     def _registry(specs: Any):
@@ -293,7 +306,11 @@ class Session:
             raise ExecutionError(f"node {label!r} ({node.op_type}): the model imports no opset for domain "
                                  f"{domain or 'ai.onnx'!r}")
         self._check_attribute_names(label, node, domain, version)
-        implicit = tuple(sorted(_subgraph_reads(node)))
+        implicit = subgraph_reads(node)
+        unit = self._fused_units.get(node.output[0]) if node.output else None
+        if unit is not None:  # what the unit as written reads besides the fused node's inputs (host fallback)
+            implicit |= set(unit.reads()) - set(node.input)
+        implicit = tuple(sorted(implicit))
         spec = self._specs.find(domain, node.op_type, version)
         reason = "" if spec is None else self._spec_rejects(spec, node)
         if spec is None:
@@ -441,8 +458,10 @@ class Session:
         host, host_opset = host_node(node, opset, info.label)  # where onnx.reference needs it said otherwise
         imports = [onnx.helper.make_opsetid("", host_opset) if o.domain in ("", "ai.onnx") else o
                    for o in self.model.opset_import]
+        unit = self._fused_units.get(node.output[0]) if node.output else None
+        hosted = [host] if unit is None else list(unit.nodes)  # a fused unit runs as written
         graph = onnx.helper.make_graph(
-            [host], f"host_{info.label}",
+            hosted, f"host_{info.label}",
             [onnx.ValueInfoProto(name=n) for n in inputs],
             [onnx.ValueInfoProto(name=n) for n in node.output if n])
         one = onnx.helper.make_model(graph, opset_imports=imports,
@@ -598,18 +617,23 @@ class Session:
         except ExecutionError as e:
             raise ExecutionError(f"input {name!r}: {e}") from None
 
-    def _plan_for(self, shapes: Mapping[str, tuple[int, ...]]) -> GraphPlan:
+    def _plan_for(self, shapes: Mapping[str, tuple[int, ...]], feeds: Mapping[str, Any] | None = None) -> GraphPlan:
+        """The graph plan for these input shapes; where it needs the contents of small integer
+        inputs (``graph_plan.value_keyed_inputs``), for those contents too (given ``feeds``)."""
         key = tuple(sorted((k, tuple(int(d) for d in v)) for k, v in shapes.items()))
-        gplan = self._plans.get(key)
+        keyed = self._value_keyed.get(key, ())
+        given = {n: feeds[n] for n in keyed if feeds is not None and isinstance(feeds.get(n), np.ndarray)}
+        full = key + tuple((n, given[n].dtype.str, given[n].tobytes()) for n in keyed if n in given)
+        gplan = self._plans.get(full)
         if gplan is None:
-            gplan = self._build_plan(key, dict(key))
-            self._plans[key] = gplan
+            gplan = self._build_plan(full, dict(key), given if len(given) == len(keyed) else {}, feeds)
+            self._plans[gplan.key] = gplan
             self.stats.plans += 1
             while len(self._plans) > MAX_PLANS:
                 _, old = self._plans.popitem(last=False)
                 release_graph(old)
         else:
-            self._plans.move_to_end(key)
+            self._plans.move_to_end(full)
         return gplan
 
     # -- planning ----------------------------------------------------------------------------
@@ -635,9 +659,16 @@ class Session:
                 io_shapes[sname] = shape
                 io_types[sname] = t
         tun, variant = self._node_overrides(info)
+        consts = {}
+        for d in spec.inputs.values():
+            vname = node.input[d.index] if d.constant and d.index < len(node.input) else ""
+            v = values.get(vname) if vname else None
+            if v is not None and v.value is not None:
+                consts[d.name] = np.asarray(v.value)
         try:
             plan = plan_node(spec, shapes=io_shapes, dtypes=io_types, device=self.device.info,
-                             tunables=tun, variant=variant, node_label=info.label, attributes=_attributes(node))
+                             tunables=tun, variant=variant, node_label=info.label, attributes=_attributes(node),
+                             values=consts)
         except KernelRejected as e:
             # a forced variant that does not apply is the caller's error; any other ExecutionError
             # (a tensor beyond the device's limits, a uniform value out of range) is refused, not
@@ -647,15 +678,30 @@ class Session:
             return None, e.reason
         return plan, ""
 
-    def _build_plan(self, key: tuple, shapes: Mapping[str, tuple[int, ...]]) -> GraphPlan:
-        """Run the graph compiler's phases (graph_plan.py) for one binding of input shapes; the
-        host fallback decisions (warnings, refusals, evaluators) stay here."""
+    def _infer(self, shapes: Mapping[str, tuple[int, ...]], input_values: Mapping[str, np.ndarray]) -> dict:
         from onnx_quant.inference import infer_values  # noqa: PLC0415
 
         try:
-            values = infer_values(self.model, {k: list(v) for k, v in shapes.items()}, strict=False)
+            return infer_values(self.model, {k: list(v) for k, v in shapes.items()}, strict=False,
+                                input_values=dict(input_values) or None)
         except QuantError as e:
             raise ExecutionError(f"shape inference for input shapes {dict(shapes)} failed: {e}") from None
+
+    def _build_plan(self, key: tuple, shapes: Mapping[str, tuple[int, ...]], input_values: Mapping[str, np.ndarray],
+                    feeds: Mapping[str, Any] | None = None) -> GraphPlan:
+        """Run the graph compiler's phases (graph_plan.py) for one binding of input shapes (and
+        of the contents of the inputs in ``input_values``); the host fallback decisions
+        (warnings, refusals, evaluators) stay here."""
+        values = self._infer(shapes, input_values)
+        if not input_values and feeds is not None:
+            # phase 0: inputs whose contents the plan needs; from now on this binding keys on them
+            keyed = gp.value_keyed_inputs(self._nodes, values, [vi.name for vi in self._inputs])
+            given = {n: feeds[n] for n in keyed if isinstance(feeds.get(n), np.ndarray)}
+            if keyed and len(given) == len(keyed):
+                self._value_keyed[key] = keyed
+                key = key + tuple((n, given[n].dtype.str, given[n].tobytes()) for n in keyed)
+                input_values = given
+                values = self._infer(shapes, input_values)
         self._plan_elem = {n: v.elem_type for n, v in values.items()}
         placed = gp.place(self._nodes, values)
         kinds, reasons = placed.kinds, placed.reasons
@@ -743,7 +789,8 @@ class Session:
                                  f"({wanted})")
         arrays = self._check_feeds(feeds)
         before = self.stats.snapshot()
-        gplan = self._plan_for({k: (a.dims if isinstance(a, DeviceValue) else tuple(a.shape)) for k, a in arrays.items()})
+        gplan = self._plan_for({k: (a.dims if isinstance(a, DeviceValue) else tuple(a.shape)) for k, a in arrays.items()},
+                               arrays)
         constants = {**self._initializers, **self._constants}
         prepare_graph(self.device, gplan, self._resources, constants)
         host_values: dict[str, Any] = {**constants, **gplan.folded, **arrays}
@@ -819,7 +866,8 @@ class Session:
         (``"host"``/``"view"``/... for the others), why (derived values, when clauses, the
         first failing clause of every variant), tunables, shapes, segment (None for a GPU node run once per
         plan: ``once_per_plan``), passes
-        [{id, name, dispatch}]. Input dims the model leaves symbolic or unknown are taken
+        [{id, name, dispatch}], fused (for a node that replaced a QDQ node unit: {rule, nodes: the
+        unit's nodes as written}; else None). Input dims the model leaves symbolic or unknown are taken
         from ``input_shapes``, else 1."""
         from onnx_quant.backend_wgpu.planner import describe  # noqa: PLC0415
 
@@ -865,6 +913,8 @@ class Session:
                               "device": "host" if kind in ("host", "const", "fold") else
                               (self.device.info.name if kind == "view" else ""),
                               "segment": host_after.get(info.index), "passes": []})
+            unit = self._fused_units.get(node.output[0]) if node.output else None
+            entry["fused"] = None if unit is None else {"rule": unit.rule, "nodes": unit.labels()}
             out.append(entry)
         return out
 

@@ -40,7 +40,7 @@ DEFAULT_DOMAIN = "ai.onnx"
 #: Keys the planner puts into every pass's template context; derived names may not use them.
 CONTEXT_KEYS = frozenset({
     "kernel", "variant", "pass_id", "tunables", "bindings", "binding", "features", "workgroup_size",
-    "attrs", "dtypes", "present",
+    "attrs", "dtypes", "present", "values",
 })
 
 #: The ``buffer`` key of a binding -> BindingPlan.access.
@@ -127,6 +127,9 @@ class TensorDecl:
     shape: Expr | tuple[Value, ...] | None = None
     #: an input or output the node may leave out (``"optional": true``); see ``present.<io>``
     optional: bool = False
+    #: an input whose contents the kernel reads when the node is planned (``"constant": true``;
+    #: ``values.<name>``), as onnxruntime's WebGPU EP reads Slice's starts on the CPU
+    constant: bool = False
 
 
 @dataclass(frozen=True)
@@ -282,7 +285,7 @@ class KernelSpec:
 _TOP_KEYS = {"domain", "name", "sinceVersion", "untilVersion", "inputs", "outputs", "typeConstraints",
              "tunables", "derive", "bindings", "variants", "description", "attributes"}
 _TOP_REQUIRED = {"name", "sinceVersion", "inputs", "outputs", "typeConstraints", "variants"}
-_IO_KEYS = {"dtype", "rank", "shape", "optional"}
+_IO_KEYS = {"dtype", "rank", "shape", "optional", "constant"}
 _ATTRIBUTE_KEYS = {"default", "required", "description"}
 _TUNABLE_KEYS = {"default", "description"}
 _BINDING_KEYS = {"name", "elementType", "length", "buffer", "struct"}
@@ -614,9 +617,11 @@ class _Loader:
                 if ioname in io_raw:
                     raise self.err(f, f"{ioname!r} is both an input and an output")
                 d = self.obj(decl, f, _IO_KEYS, {"dtype"})
-                if "optional" in d:
-                    if not isinstance(d["optional"], bool):
-                        raise self.err(f"{f}.optional", f"expected a boolean, found {_json_type(d['optional'])}")
+                for flag in ("optional", "constant"):
+                    if flag in d and not isinstance(d[flag], bool):
+                        raise self.err(f"{f}.{flag}", f"expected a boolean, found {_json_type(d[flag])}")
+                if d.get("constant") and section != "inputs":
+                    raise self.err(f"{f}.constant", "only an input can be read when the node is planned")
                 dt = self.string(d["dtype"], f"{f}.dtype")
                 if dt not in constraints:
                     raise self.err(f"{f}.dtype", f"{dt!r} is not a typeConstraints name{suggest(dt, constraints)}; "
@@ -638,7 +643,9 @@ class _Loader:
                                       self.string(d.get("description", ""), f"{f}.description", nonempty=False))
 
         attributes = self.attributes(top.get("attributes", {}))
-        base = Scope(io=io_names, tunables=frozenset(tunables), attributes=frozenset(attributes))
+        constants = frozenset(n for n, (section, d) in io_raw.items() if d.get("constant"))
+        base = Scope(io=io_names, tunables=frozenset(tunables), attributes=frozenset(attributes),
+                     constants=constants)
         top_derive = self.derive(top.get("derive", {}), "derive", base, {})
         top_scope = base.with_names(top_derive.names)
         defined_at = {n: "derive" for n in top_derive.names}
@@ -654,7 +661,8 @@ class _Loader:
                     raise self.err(f"{f}.rank", f"must be >= 0, found {rank}")
             shape = self.shape_value(d["shape"], f"{f}.shape", top_scope) if "shape" in d else None
             target = inputs if section == "inputs" else outputs
-            target[ioname] = TensorDecl(ioname, d["dtype"], len(target), rank, shape, bool(d.get("optional", False)))
+            target[ioname] = TensorDecl(ioname, d["dtype"], len(target), rank, shape, bool(d.get("optional", False)),
+                                        bool(d.get("constant", False)))
 
         # top-level bindings
         bindings: dict[str, BindingDecl] = {}

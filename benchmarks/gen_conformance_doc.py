@@ -1,5 +1,6 @@
 """Write docs/conformance.md: ONNX's node cases of the quantization family on the GPU backend
-beside onnxruntime CPU on the same cases, measured in one run.
+beside onnxruntime CPU on the same cases, then ONNX's whole node suite per op type (the table of
+``onnx-quant conformance --suite all``), measured in one run.
 
     python benchmarks/gen_conformance_doc.py [-o docs/conformance.md] [--adapter vulkan]
 
@@ -60,7 +61,40 @@ def _why_ort(error: str | None) -> str:
     return error
 
 
-def render(gpu_rows, ort_rows, device_name: str) -> str:
+def render_suite(gpu_rows, ort_rows) -> list[str]:
+    """The whole node suite: totals and one row per op type."""
+    from onnx_quant.backend_wgpu.suite import outcome, summarise  # noqa: PLC0415
+
+    summary = summarise(gpu_rows, ort_rows)
+    t = summary[-1]
+    lines = [
+        "", "## ONNX's whole node suite", "",
+        f"Every case of `collect_testcases()` ({t.cases}), each run on the GPU with **no host fallback** "
+        "(`onnx-quant conformance --suite all`, `backend_wgpu/suite.py`) and through onnxruntime's CPU provider, "
+        "judged as above. Outcomes: *pass*; *wrong* (the GPU ran and an output differs: must stay 0); "
+        "*declined* (a kernel exists but declines the node: a type, attribute or size it does not compute "
+        "exactly, or sequence/optional values); *no kernel* (an op type without a GPU kernel at that opset); "
+        "*error* (an internal error).",
+        "",
+        f"- **GPU: {t.passed}/{t.cases} pass**, {t.wrong} wrong, {t.declined} declined, {t.no_kernel} no kernel, "
+        f"{t.errors} errors.",
+        f"- **onnxruntime CPU: {t.onnxruntime}/{t.cases} pass** (same cases, same comparison).",
+        "",
+        "| op | cases | GPU pass | wrong | declined | no kernel | error | onnxruntime CPU pass |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in summary:
+        name = f"**{s.op_type}**" if s.op_type == "all" else s.op_type
+        lines.append(f"| {name} | {s.cases} | {s.passed} | {s.wrong} | {s.declined} | {s.no_kernel} | {s.errors} | "
+                     f"{s.onnxruntime} |")
+    declined = [r for r in gpu_rows if outcome(r) == "declined"]
+    lines += ["", "### Declined cases and why", ""]
+    for r in declined:
+        lines.append(f"- `{r.case}` ({r.op_type}): {_cell(r.error, 300)}")
+    return lines
+
+
+def render(gpu_rows, ort_rows, device_name: str, suite=None) -> str:
     ort_by_case = {r.case: r for r in ort_rows}
     t, to = totals(gpu_rows), totals(ort_rows)
     v = _versions()
@@ -125,6 +159,7 @@ def render(gpu_rows, ort_rows, device_name: str) -> str:
     lines += ["", "## Why onnxruntime CPU fails the others", ""]
     for why, n in ort_reasons.most_common():
         lines.append(f"- {n} case{'s' if n != 1 else ''}: {_cell(why, 300)}")
+    lines += render_suite(*suite) if suite is not None else []
     lines += ["", f"Generated {datetime.date.today().isoformat()} with onnx {v['onnx']}, onnxruntime "
               f"{v['onnxruntime']}, wgpu {v['wgpu']}, numpy {v['numpy']}.", ""]
     return "\n".join(lines)
@@ -144,7 +179,10 @@ def main(argv: list[str] | None = None) -> int:
 
     gpu_rows = run_conformance(device=device, progress=progress("gpu"))
     ort_rows = run_conformance(engine="onnxruntime", progress=progress("onnxruntime"))
-    text = render(gpu_rows, ort_rows, device.info.name)
+    from onnx_quant.backend_wgpu.suite import run_suite  # noqa: PLC0415
+
+    suite = run_suite(device=device, progress=lambda e, i, n, r: progress("suite " + e)(i, n, r))
+    text = render(gpu_rows, ort_rows, device.info.name, suite)
     Path(args.output).write_text(text, encoding="utf-8")
     t, to = totals(gpu_rows), totals(ort_rows)
     print(f"wrote {args.output}: GPU {t['passed']}/{t['cases']}, onnxruntime CPU {to['passed']}/{to['cases']}",

@@ -165,16 +165,19 @@ class InferenceResult:
 
 # ------------------------------------------------------------------ public API
 def infer(model: ModelSource, *, strict: bool = False,
-          input_shapes: Mapping[str, Iterable[Any]] | None = None) -> InferenceResult:
+          input_shapes: Mapping[str, Iterable[Any]] | None = None,
+          input_values: Mapping[str, np.ndarray] | None = None) -> InferenceResult:
     """Run the pass over ``model`` (a ModelProto, path or bytes; not modified).
 
     ``input_shapes`` overrides graph input shapes (dims as ints, symbol names or ``None``);
-    symbols it binds to ints are substituted in the other graph inputs too. Lenient mode
+    symbols it binds to ints are substituted in the other graph inputs too. ``input_values``
+    gives graph inputs known contents (a Session planning for the values of small integer
+    inputs that decide shapes); their shapes must agree with ``input_shapes``. Lenient mode
     records every violation in the result; ``strict=True`` raises the first
     ``InferenceError``.
     """
     proto = load_model(model, check_external=False)  # the pass checks external data as it seeds
-    return _Pass(proto, strict=strict, label=_source_label(model)).run(input_shapes)
+    return _Pass(proto, strict=strict, label=_source_label(model)).run(input_shapes, input_values)
 
 
 def infer_shapes(model: ModelSource, *, strict: bool = False) -> onnx.ModelProto:
@@ -193,12 +196,13 @@ def infer_shapes(model: ModelSource, *, strict: bool = False) -> onnx.ModelProto
 
 
 def infer_values(model: ModelSource, input_shapes: Mapping[str, Iterable[Any]] | None = None, *,
-                 strict: bool = False) -> dict[str, TensorInfo]:
+                 strict: bool = False, input_values: Mapping[str, np.ndarray] | None = None) -> dict[str, TensorInfo]:
     """Name -> ``TensorInfo`` for every value: graph inputs, initializers, intermediates, outputs.
 
-    With concrete ``input_shapes`` every shape that follows from them is a tuple of ints.
+    With concrete ``input_shapes`` every shape that follows from them is a tuple of ints;
+    ``input_values`` (see ``infer``) lets the values computed from those inputs fold too.
     """
-    return infer(model, strict=strict, input_shapes=input_shapes).values()
+    return infer(model, strict=strict, input_shapes=input_shapes, input_values=input_values).values()
 
 
 def _source_label(model: ModelSource) -> str:
@@ -726,10 +730,13 @@ class _Pass:
         self.result._records = top.records
 
     # -- driver
-    def run(self, input_shapes: Mapping[str, Iterable[Any]] | None) -> InferenceResult:
+    def run(self, input_shapes: Mapping[str, Iterable[Any]] | None,
+            input_values: Mapping[str, np.ndarray] | None = None) -> InferenceResult:
         check_depth(self.model.graph, self.model.functions)  # before any recursive walk
         g = self.main
         self._seed(g, input_shapes)
+        if input_values:
+            self._seed_input_values(g, input_values)
         self.walk(g)
         self._check_outputs_defined(g)
         self.owner.log = _NoLog()  # values read after the pass need no bookkeeping
@@ -951,6 +958,19 @@ class _Pass:
             values[v.name] = info
             g.typed_by[v.name] = SOURCE_INPUT
         self.seed_declared(g)
+
+    def _seed_input_values(self, g: _Graph, input_values: Mapping[str, np.ndarray]) -> None:
+        values = g.scope._values
+        for name, arr in input_values.items():
+            info = g.scope.get(name)
+            if info is None or g.typed_by.get(name) != SOURCE_INPUT:
+                raise InferenceError("input-values", MODEL_NODE, f"{name!r} is not a graph input",
+                                     expected="a graph input", found=repr(name))
+            a = np.asarray(arr)
+            if info.shape is not None and tuple(info.shape) != tuple(a.shape):
+                raise InferenceError("input-values", MODEL_NODE, f"input {name!r}: the value's shape differs",
+                                     expected=info.shape_text(), found=str(list(a.shape)))
+            values[name] = TensorInfo(info.elem_type, tuple(int(d) for d in a.shape), a)
 
     def _override_inputs(self, g: _Graph, input_shapes: Mapping[str, Iterable[Any]], input_names: set[str]) -> None:
         values = g.scope._values

@@ -111,6 +111,10 @@ def _conformance_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true")
     p.add_argument("--adapter")
     p.add_argument("--ops", metavar="OP[,OP...]", help="only the cases of these op types (e.g. QuantizeLinear,QLinearConv)")
+    p.add_argument("--suite", choices=("family", "all"), default="family",
+                   help="family: the quantization family's cases, one row each (default); all: ONNX's whole "
+                        "node suite, a table per op (pass / wrong / declined / no kernel) beside onnxruntime CPU")
+    p.add_argument("--no-onnxruntime", action="store_true", help="--suite all: skip the onnxruntime CPU column")
 
 
 @_arguments("demo")
