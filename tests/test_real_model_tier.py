@@ -53,8 +53,8 @@ IDS = [f"{n}-{f}" for n, f in rm.CASES]
 #: op types each case runs on the host today (none of them has a GPU kernel, or the
 #: kernel declines the node); every one of them is checked here through the outputs it feeds
 #: (Pow and Sqrt left this list when the elementwise table gave them kernels, LSTM with the
-#: recurrent kernels)
-_OP15 = {"Cast", "If", "Mul", "Pad", "ReduceMean", "Slice"}
+#: recurrent kernels, Mul and Equal of int64 values with the table's integer rows)
+_OP15 = {"Cast", "If", "Pad", "ReduceMean", "Slice"}
 _SEQUENCE = {"Pad", "Slice"}
 HOST_OPS = {
     # the spox export is one If on sr: the whole model runs inside it, on the host (the plan is keyed
@@ -63,7 +63,7 @@ HOST_OPS = {
     "silero_vad_op15-float": _OP15, "silero_vad_op15-dynamic": _OP15,
     "silero_vad_op15-qdq": _OP15, "silero_vad_op15-qoperator": _OP15,
     "silero_vad_half-float": {"If", "Pad", "ReduceMean", "Slice"},
-    "silero_vad_ifless-float": {"Equal", "Gather", "If"}, "silero_vad_ifless-dynamic": {"Equal", "Gather", "If"},
+    "silero_vad_ifless-float": {"Gather", "If"}, "silero_vad_ifless-dynamic": {"Gather", "If"},
     "silero_vad_sequence-float": _SEQUENCE, "silero_vad_sequence-qdq": _SEQUENCE,
     "silero_vad_sequence-qoperator": _SEQUENCE,
     "silero_vad_openvino-float": {"Gather", "Pad", "ReduceMean", "Slice"},
