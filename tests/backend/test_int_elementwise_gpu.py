@@ -351,3 +351,14 @@ def test_float64_is_declined_by_type_never_narrowed(best):
     x = np.array([1.0, 2.0], np.float64)
     with pytest.raises(ExecutionError, match=r"'a' is float64, T allows only"):
         _run("Add", {"a": x, "b": x}, np.float64, best)
+
+
+def test_relu_and_prelu_of_wide_integers(dev):
+    for dtype in (np.int16, np.int64):
+        x = edges(dtype)
+        assert_same(_run("Relu", {"x": x}, dtype, dev), np.maximum(x, 0), f"Relu {np.dtype(dtype).name}")
+    for dtype in (np.int64, np.uint32, np.uint64):
+        x, s = pairs(dtype, seed=30)
+        with np.errstate(all="ignore"):
+            expected = np.where(x > 0, x, x * s)
+        assert_same(_run("PRelu", {"x": x, "s": s}, dtype, dev), expected, f"PRelu {np.dtype(dtype).name}")
