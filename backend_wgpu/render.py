@@ -32,6 +32,19 @@ def _fail(message: str) -> None:
     raise TemplateFailure(message)
 
 
+def _value_lanes(value: float, dtype: str) -> list[int]:
+    """The u32 lanes of ``value`` stored as one element of ``dtype`` (a fill constant baked into
+    a shader): one lane, zero-extended, for types up to 32 bits; two (low first) for 64-bit."""
+    import numpy as np  # noqa: PLC0415
+
+    from onnx_quant.backend_wgpu.packing import pack_array  # noqa: PLC0415
+    from onnx_quant.dtypes import element_type  # noqa: PLC0415
+
+    raw = bytes(pack_array(np.array([value]).astype(element_type(dtype).dtype), dtype))
+    words = [int.from_bytes(raw[i:i + 4], "little") for i in range(0, len(raw), 4)]
+    return words[:2] if element_type(dtype).bits == 64 else words[:1]
+
+
 def templates_dir() -> Path:
     """The installed ``templates`` package directory."""
     return Path(str(importlib.resources.files("onnx_quant.templates")))
@@ -48,6 +61,7 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=False,
     )
     env.globals["oq_fail"] = _fail
+    env.globals["oq_value_lanes"] = _value_lanes
     return env
 
 

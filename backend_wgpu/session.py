@@ -55,6 +55,7 @@ from onnx_quant.backend_wgpu.graph_plan import NodeInfo as _NodeInfo
 from onnx_quant.backend_wgpu.executor import (
     GraphPlan, HostStep, Segment, SessionResources, SessionStats, prepare_graph, release_graph, run_graph,
 )
+from onnx_quant.backend_wgpu.control_flow import CONTROL_WHY, ControlFlow, is_control
 from onnx_quant.backend_wgpu.host_rewrites import host_node
 from onnx_quant.backend_wgpu.host_sizes import check_host_node
 from onnx_quant.backend_wgpu.locking import holding
@@ -179,6 +180,10 @@ class Session:
         self._specs = self._registry(specs)
         #: the QDQ node units replaced by QLinear kernels (qdq_fusion.py), empty with fuse_qdq=False
         self.fusion = self._fuse(fuse_qdq)
+        #: If / Loop runners (control_flow.py), per node index, built on first run
+        self._control: dict[int, Any] = {}
+        self._body_options = {"allow_host_fallback": allow_host_fallback, "memory_budget": self.budget,
+                              "fuse_qdq": fuse_qdq, "specs": self._specs, "tunables": tunables, "variants": variants}
         graph = self.model.graph
         self.allow_host_fallback = bool(allow_host_fallback)
         self._opsets = {(imp.domain or ""): imp.version for imp in self.model.opset_import}
@@ -317,6 +322,8 @@ class Session:
             reason = f"no GPU kernel for {self._op_text(domain, node.op_type)} at opset {version}"
         if domain in DEFAULT_DOMAINS and node.op_type == "Constant":
             return _NodeInfo(index, label, node, domain, version, None, "const", "a constant", implicit)
+        if is_control(domain, node.op_type, version):
+            return _NodeInfo(index, label, node, domain, version, None, "control", CONTROL_WHY, implicit)
         if domain in DEFAULT_DOMAINS and node.op_type in VIEW_OPS:
             why = self._static_view_rejects(node)
             if why is None:
@@ -496,15 +503,27 @@ class Session:
             arr = arr.astype(element_type(t).dtype)
         return arr
 
+    def _control_flow(self, info: _NodeInfo) -> ControlFlow:
+        runner = self._control.get(info.index)
+        if runner is None:
+            runner = self._control[info.index] = ControlFlow(
+                info, self.model, {**self._initializers, **self._constants},
+                lambda m: Session(m, device=self.device, **self._body_options), self.stats.add)
+        return runner
+
     def _run_host(self, step: HostStep, values: dict[str, Any]) -> list[Any]:
         info = self._nodes[step.index]
-        ev, names = self._evaluator(info)
         feeds = {}
         for name, root, shape in step.inputs:
             v = values[root]
             if shape is not None and isinstance(v, np.ndarray) and tuple(v.shape) != shape:
                 v = v.reshape(shape)
             feeds[name] = v
+        if info.kind == "control":
+            outs = self._control_flow(info).run(feeds)
+            names_out = [o for o in info.node.output if o]
+            return [self._as_onnx_dtype(n, v, self._plan_elem.get(n) or self._elem(n)) for n, v in zip(names_out, outs)]
+        ev, names = self._evaluator(info)
         out0 = next((o for o in info.node.output if o), "")
         bits = _bits_of(self._plan_elem.get(out0) or self._elem(out0))
         check_host_node(self.budget, step.label, step.op_type, [feeds.get(n) if n else None for n in info.node.input],
@@ -553,14 +572,19 @@ class Session:
     @property
     def host_nodes(self) -> list[str]:
         """``"name (op)"`` of every node placed on the host: those no kernel covers, and those
-        a plan made so far sent there (e.g. no variant's ``when`` held for its shapes)."""
-        return [f"{i.label} ({self._op_name(i)})" for i in self._nodes if i.index in self._host_labels]
+        a plan made so far sent there (e.g. no variant's ``when`` held for its shapes); with the
+        host nodes of the If / Loop / Scan bodies run so far."""
+        return list(self.host_node_reasons)
 
     @property
     def host_node_reasons(self) -> dict[str, str]:
         """``host_nodes`` with why each runs on the host."""
-        return {f"{i.label} ({self._op_name(i)})": self._host_labels[i.index] for i in self._nodes
-                if i.index in self._host_labels}
+        out = {f"{i.label} ({self._op_name(i)})": self._host_labels[i.index] for i in self._nodes
+               if i.index in self._host_labels}
+        for runner in self._control.values():
+            for body in runner.body_sessions():
+                out.update(body.host_node_reasons)
+        return out
 
     # -- feeds and shapes --------------------------------------------------------------------
 
@@ -866,7 +890,7 @@ class Session:
         (``"host"``/``"view"``/... for the others), why (derived values, when clauses, the
         first failing clause of every variant), tunables, shapes, segment (None for a GPU node run once per
         plan: ``once_per_plan``), passes
-        [{id, name, dispatch}], fused (for a node that replaced a QDQ node unit: {rule, nodes: the
+        [{id, name, dispatch, once_per_plan}] (a leading pass over constants only runs once per plan), fused (for a node that replaced a QDQ node unit: {rule, nodes: the
         unit's nodes as written}; else None). Input dims the model leaves symbolic or unknown are taken
         from ``input_shapes``, else 1."""
         from onnx_quant.backend_wgpu.planner import describe  # noqa: PLC0415
@@ -904,7 +928,9 @@ class Session:
                                if b.role in ("input", "output") and b.shape is not None},
                     "device": self.device.info.name, "segment": seg_of.get(info.index),
                     "once_per_plan": info.index in once,
-                    "passes": [{"id": p["id"], "name": p["name"], "dispatch": p["dispatch"]} for p in d["passes"]],
+                    "passes": [{"id": p["id"], "name": p["name"], "dispatch": p["dispatch"],
+                                "once_per_plan": info.index in once or k < st.hoisted}
+                               for k, p in enumerate(d["passes"])],
                 })
             else:
                 label = names.get(kind, kind)
@@ -944,6 +970,9 @@ class Session:
         for gplan in self._plans.values():
             release_graph(gplan)
         self._plans.clear()
+        for runner in self._control.values():
+            for body in runner.body_sessions():
+                body.close()
         self._resources.release()
         if self.profiler is not None:
             self.profiler.release()

@@ -51,25 +51,20 @@ STATIC_RTOL = 2e-2
 IDS = [f"{n}-{f}" for n, f in rm.CASES]
 
 #: op types each case runs on the host today (none of them has a GPU kernel, or the
-#: kernel declines the node); every one of them is checked here through the outputs it feeds
+#: kernel declines the node), in the graph or in the If / Loop bodies it runs; every one of them
+#: is checked here through the outputs it feeds
 #: (Pow and Sqrt left this list when the elementwise table gave them kernels, LSTM with the
-#: recurrent kernels, Mul and Equal of int64 values with the table's integer rows)
-_OP15 = {"Cast", "If", "Pad", "ReduceMean", "Slice"}
-_SEQUENCE = {"Pad", "Slice"}
+#: recurrent kernels, Gather with the data-movement kernels, Pad and Slice too once their pads /
+#: starts are read at plan time, ReduceMean with the reduction table, Cast when its kernel took
+#: every pair of types; the spox export's Equal and Identity with plan-time input values; Mul and
+#: Equal of int64 values with the elementwise table's integer rows)
 HOST_OPS = {
-    # the spox export is one If on sr: the whole model runs inside it, on the host (the plan is keyed
-    # on sr's value, so Equal(sr, 16000) folds, but If has no GPU path yet)
-    "silero_vad-float": {"If"}, "silero_vad-dynamic": {"If"},
-    "silero_vad_op15-float": _OP15, "silero_vad_op15-dynamic": _OP15,
-    "silero_vad_op15-qdq": _OP15, "silero_vad_op15-qoperator": _OP15,
-    "silero_vad_half-float": {"If", "Pad", "ReduceMean", "Slice"},
-    "silero_vad_ifless-float": {"Gather", "If"}, "silero_vad_ifless-dynamic": {"Gather", "If"},
-    "silero_vad_sequence-float": _SEQUENCE, "silero_vad_sequence-qdq": _SEQUENCE,
-    "silero_vad_sequence-qoperator": _SEQUENCE,
-    "silero_vad_openvino-float": {"Gather", "Pad", "ReduceMean", "Slice"},
+    # the spox export is one If on sr: the plan is keyed on sr's value, so Equal(sr, 16000) folds,
+    # and the chosen branch runs as a GPU session of its own, wholly on the GPU (as the openvino,
+    # half, sequence and op15 exports do: not listed)
     # Reshape: the graph output's declared [1, seqlen] is kept over the inferred rank 3
     "ddddocr_ocr-float": {"ConstantOfShape", "Reshape"},
-    "ddddocr_det-float": {"Resize", "Slice"},
+    "ddddocr_det-float": {"Resize"},
 }
 
 

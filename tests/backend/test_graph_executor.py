@@ -535,3 +535,34 @@ def test_steady_runs_record_a_prebuilt_program(best):
     assert again.tobytes() == first.tobytes() == np.maximum(x, 0).tobytes()
     assert len(gplan.programs) == 1 and s.last_run_stats["host_encode_us"] > 0
     assert s.last_run_stats["dispatches"] == 2
+
+
+def test_constant_passes_run_once_per_plan(best):
+    """QLinearConv's params pass reads only the node's constant scales and zero points: it runs
+    in the plan's prologue into scratch of its own, each run dispatches the other passes, and the
+    outputs stay onnxruntime's bits."""
+    import warnings
+
+    import onnxruntime as ort
+
+    from onnx_quant import model_zoo
+    from onnx_quant.backend_wgpu.session import Session
+
+    model = model_zoo.quantized("cnn", "qoperator", blocks=1, channels=8, seed=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        s = Session(model, device=best, allow_host_fallback=False)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for seed in (3, 4):
+        feeds = model_zoo.random_feeds(model, {"N": 1, "H": 8, "W": 8}, seed=seed)
+        got = s.run(None, feeds)
+        assert all(np.array_equal(g, w) for g, w in zip(got, sess.run(None, feeds)))
+    gplan = next(iter(s._plans.values()))
+    convs = [st for st in gplan.gpu_steps if st.plan.kernel == "QLinearConv"]
+    assert convs and all(st.hoisted >= 1 and st.plan.passes[0].id == "params" for st in convs)
+    assert all(len(st.dispatches) == len(st.plan.passes) - st.hoisted for st in convs)
+    hoisted = sum(st.hoisted for st in gplan.gpu_steps)
+    assert s.stats.prologue_dispatches == hoisted + sum(len(st.dispatches) for st in gplan.prologue)
+    assert s.last_run_stats["dispatches"] == sum(len(st.dispatches) for seg in gplan.segments for st in seg.steps)
+    conv = next(e for e in s.explain({"x": (1, 3, 8, 8)}) if e.get("kernel") == "QLinearConv")
+    assert [p["once_per_plan"] for p in conv["passes"]][:2] == [True, False]

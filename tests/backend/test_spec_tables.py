@@ -215,3 +215,72 @@ def test_nary_ops_bind_exactly_their_inputs_and_decline_past_the_binding_limit()
         _plan("Sum", 13, dtypes, shapes)  # WebGPU's default: 8 storage buffers
     big = DeviceInfo(limits=dict(WEBGPU_DEFAULT_LIMITS, maxStorageBuffersPerShaderStage=16))
     assert _plan("Sum", 13, dtypes, shapes, device=big).variant == "inputs_8"
+
+
+# ----------------------------------------------------------------------------- families with parts
+
+REDUCE = json.loads((templates_dir() / "reduce.ops.json").read_text())
+
+
+@pytest.mark.parametrize("op", sorted(REDUCE["ops"]))
+def test_reduce_table_specs_follow_onnx_defs_inputs_attributes_and_types(op):
+    """Each schema version's spec has exactly the inputs and attributes onnx.defs gives it (the
+    family's shared ones), and the row's types that version allows."""
+    entry = REDUCE["ops"][op]
+    family = REDUCE["families"][entry["family"]]
+    for version in [v for v in _versions(op) if v >= entry["since"]]:
+        spec = SPECS.find("", op, version)
+        assert spec is not None, (op, version)
+        schema = defs.get_schema(op, version, "")
+        assert list(spec.inputs) == list(family["inputs"])[:len(schema.inputs)], (op, version)
+        assert set(spec.attributes) == {a for a in family["attributes"] if a in schema.attributes}, (op, version)
+        for a in spec.attributes:
+            onnx_default = schema.attributes[a].default_value
+            if onnx_default.type:  # axes has no default in onnx.defs (empty: all axes)
+                assert spec.attributes[a].default == helper.get_attribute_value(onnx_default), (op, version, a)
+        expected = [t for t in entry["types"]["T"] if t in _schema_types(op, version, 0, False)]
+        assert list(spec.type_constraints["T"]) == expected, (op, version)
+    assert SPECS.find("", op, entry["since"] - 1) is None
+
+
+def test_parts_become_one_derived_list_each_and_an_optional_part_may_be_left_out():
+    spec = SPECS.find("", "ReduceSum", 13)
+    derived = spec.derive.as_dict()
+    assert derived["exprs_combine"].text == json.dumps(["*", "a + b"])
+    assert derived["exprs_shift"].text == "[]"
+    assert json.loads(SPECS.find("", "ReduceLogSumExp", 18).derive.as_dict()["exprs_shift"].text)[0] == "*"
+    assert spec.inputs["axes"].optional and spec.inputs["axes"].constant
+    assert spec.type_constraints["Tind"] == ("int64",)
+    assert "axes" not in SPECS.find("", "ReduceSum", 12).inputs
+
+
+def _reduce_table(tmp_path, **op):
+    for name in ("reduce.base.json", "reduce.wgsl.jinja"):
+        shutil.copy(templates_dir() / name, tmp_path / name)
+    fam = dict(REDUCE["families"]["reduce"])
+    entry = {"family": "reduce", "since": 1, "types": {"T": ["float32"]},
+             "expr": {"init": "0.0", "map": "a", "combine": "a + b", "finalize": "a"}, **op}
+    path = tmp_path / "r.ops.json"
+    path.write_text(json.dumps({"families": {"reduce": fam}, "ops": {"ReduceSum": entry}}))
+    return path
+
+
+@pytest.mark.parametrize("change, field, reason", [
+    ({"expr": {"init": "0.0", "map": "a", "combine": "a + b"}}, "ops.ReduceSum.expr", "missing part 'finalize'"),
+    ({"expr": {"init": "0.0", "map": "a", "combine": "a + b", "finalize": "a", "twist": "a"}},
+     "ops.ReduceSum.expr.twist", "unknown part"),
+    ({"expr": "a + b"}, "ops.ReduceSum.expr", "expected an object part -> expression"),
+    ({"types": {"T": ["float32"], "Tind": ["int64"]}}, "ops.ReduceSum.types", "expected the element types of ['T']"),
+])
+def test_part_errors_name_the_entry(tmp_path, change, field, reason):
+    path = _reduce_table(tmp_path, **change)
+    with pytest.raises(SpecError) as e:
+        load_table(path)
+    assert e.value.field == field and reason in e.value.reason, (e.value.field, e.value.reason)
+
+
+def test_a_table_of_parts_expands_per_version_where_inputs_or_attributes_change(tmp_path):
+    specs = load_table(_reduce_table(tmp_path))
+    # ReduceSum-1 and -11 take the same; 13 brings the axes input and noop_with_empty_axes
+    assert [(s.since_version, list(s.inputs), sorted(s.attributes)) for s in specs] == [
+        (1, ["x"], ["axes", "keepdims"]), (13, ["x", "axes"], ["keepdims", "noop_with_empty_axes"])]
