@@ -77,6 +77,27 @@ def assert_node_cases_every_variant(device, op_types, variants) -> int:
     return len(cases)
 
 
+def run_every_variant(device, model, feeds, op_type):
+    """The model run with each variant of its ``op_type`` node that applies, forced, no host
+    fallback; asserts they give the same bits and returns (outputs, variant ids)."""
+    import numpy as np
+
+    from onnx_quant.backend_wgpu.session import Session
+
+    with Session(model, device=device) as s:
+        selection = s.explain({k: v.shape for k, v in feeds.items()})[0]["selection"]
+    ids = [v for v, failing in selection.items() if failing is None]
+    assert ids, selection
+    runs = []
+    for v in ids:
+        with Session(model, device=device, variants={op_type: v}, allow_host_fallback=False) as s:
+            runs.append(s.run(None, feeds))
+    for outs in runs[1:]:
+        for a, b in zip(outs, runs[0]):
+            assert a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8)), ids
+    return runs[0], ids
+
+
 def gpu_required() -> bool:
     return bool(os.environ.get("CI") or os.environ.get("ONNX_QUANT_REQUIRE_GPU"))
 
