@@ -14,6 +14,10 @@ combine and finalize), fixed ``types`` for constraints its members share (an axe
 int64), ``attributes`` every member has where its schema version has them (ONNX defaults),
 and inputs as objects ``{"dtype", "optional", "constant"}``: an optional input a schema
 version does not have is left out of that version's spec (Reduce*'s axes input from 13/18).
+An entry's string attribute may be an enumeration (``{"required": true, "values": [...]}``);
+the elementwise families' specs also derive ``operands``, ``operandShapes``, ``enums``,
+``final`` and ``exprOk`` (whether an expression key matches the operands' types, which their
+variants require).
 Format: docs/kernel-spec.md, "Operator tables".
 """
 
@@ -32,8 +36,22 @@ _TABLE_KEYS = {"description", "families", "ops"}
 _FAMILY_KEYS = {"extends", "passShaders", "inputs", "outputs", "description", "parts", "types", "attributes"}
 _IO_KEYS = {"dtype", "optional", "constant"}
 _PART_KINDS = {"required", "optional"}
-_OP_KEYS = {"family", "since", "until", "types", "expr", "attributes", "description"}
-_EXPR_KEYS = {"*", "f32", "i32", "bool", "f32,i32", "f32,f32", "i32,i32", "bool,bool"}
+_OP_KEYS = {"family", "since", "until", "types", "expr", "final", "attributes", "description"}
+_ATTR_KEYS = {"required", "values"}
+
+#: the register type each element type computes in (the expression keys); mirrors
+#: templates/snippets/tensor_io.wgsl.jinja's _REG, with bool its own kind (a WGSL bool)
+REGISTERS: dict[str, tuple[str, ...]] = {
+    "f32": ("float32", "float16"),
+    "i32": ("int32", "int16", "int8", "uint16", "uint8"),
+    "u32": ("uint32",),
+    "i64": ("int64",),
+    "u64": ("uint64",),
+    "bool": ("bool",),
+}
+#: expression keys that match any operands: "*" (values in their registers), "raw" (every
+#: operand's bits: u32, or vec2<u32> for a 64-bit type; the result is the output's bits)
+_ANY_KEYS = ("*", "raw")
 
 
 class _Table:
@@ -69,10 +87,25 @@ class _Table:
             raise self.err(fld, "expected a WGSL expression or an object register type -> expression")
         flat: list[str] = []
         for key, text in exprs.items():
-            if key not in _EXPR_KEYS or not isinstance(text, str) or not text.strip():
-                raise self.err(f"{fld}.{key}", f"expected one of {sorted(_EXPR_KEYS)} -> a WGSL expression")
+            parts = key.split(",")
+            if not (key in _ANY_KEYS or all(k in REGISTERS for k in parts)) or not isinstance(text, str) \
+                    or not text.strip():
+                raise self.err(f"{fld}.{key}", f"expected a register type ({', '.join(REGISTERS)}), several joined "
+                                               f"by ',', or one of {', '.join(_ANY_KEYS)} -> a WGSL expression")
             flat += [key, text]
         return flat
+
+    def attribute(self, name: str, v: Any, fld: str) -> tuple[dict, list[str] | None]:
+        """An entry's attribute: its ONNX default, or {"required": true, "values": [strings]}
+        (a string attribute the expression reads as an enumeration)."""
+        if not isinstance(v, dict):
+            return {"default": v}, None
+        d = self.obj(v, f"{fld}.attributes.{name}", _ATTR_KEYS, {"required", "values"})
+        values = d["values"]
+        if d["required"] is not True or not isinstance(values, list) or not values \
+                or not all(isinstance(x, str) and x.isidentifier() for x in values):
+            raise self.err(f"{fld}.attributes.{name}", "expected {\"required\": true, \"values\": [identifiers]}")
+        return {"required": True}, values
 
     def part_expressions(self, v: Any, family: Mapping[str, Any], fld: str) -> dict[str, str]:
         """Derived values of the expression: ``exprs`` (one expression), or per part of a family
@@ -148,6 +181,14 @@ class _Table:
         if not isinstance(attributes, dict):
             raise self.err(f"{fld}.attributes", "expected an object name -> default")
         derive = {"op": json.dumps(op), **self.part_expressions(d["expr"], family, fld)}
+        declared = {a: self.attribute(a, v, fld) for a, v in attributes.items()}
+        final = d.get("final")
+        if final is not None and (not isinstance(final, str) or not final.strip()):
+            raise self.err(f"{fld}.final", "expected a WGSL expression over a and n")
+        if "parts" not in family:  # one expression over the operands (elementwise-expr.wgsl.jinja)
+            derive["enums"] = json.dumps([[a, values] for a, (_, values) in declared.items() if values is not None])
+            if final is not None:
+                derive["final"] = json.dumps(final)
         docs: list[tuple[str, dict]] = []
         previous = None
         versions = self.versions(op, fld, d["since"], d.get("until"))
@@ -156,8 +197,8 @@ class _Table:
             for a in attributes:
                 if not facts.has_attr(a):
                     raise self.err(f"{fld}.attributes.{a}", f"{op}-{version} has no attribute {a!r}")
-            attrs = {a: v for a, v in family.get("attributes", {}).items() if facts.has_attr(a)}
-            attrs.update(attributes)
+            attrs = {a: {"default": v} for a, v in family.get("attributes", {}).items() if facts.has_attr(a)}
+            attrs.update({a: decl for a, (decl, _) in declared.items()})
             allowed = self.allowed(op, version, family, types, fld)
             inputs = self.io_decls(op, version, family, "inputs", fld)
             outputs = self.io_decls(op, version, family, "outputs", fld)
@@ -165,13 +206,17 @@ class _Table:
             if accepts == previous:
                 continue  # the previous version's spec serves this one too
             previous = accepts
+            if "parts" not in family:
+                derive = {**derive, "operands": json.dumps(list(inputs)),
+                          "operandShapes": "[" + ", ".join(f"shapes.{io}" for io in inputs) + "]",
+                          "exprOk": _expr_ok(json.loads(derive["exprs"]), list(inputs))}
             docs.append((f"{self.path.name}[{op}-{version}]", {
                 "name": op, "sinceVersion": version,
                 "description": d.get("description", ""),
                 "extends": family["extends"], "passShaders": family.get("passShaders", {}),
                 "inputs": inputs, "outputs": outputs,
                 "typeConstraints": allowed,
-                "attributes": {a: {"default": v} for a, v in attrs.items()},
+                "attributes": attrs,
                 "derive": derive,
             }))
         if "until" in d:
@@ -206,6 +251,22 @@ class _Table:
             for label, doc in self.op_documents(op, decl, families):
                 specs.append(load_spec_document(doc, self.path, label))
         return specs
+
+
+def _expr_ok(exprs: list[str], operands: list[str]) -> str:
+    """An expression over ``dtypes`` that holds when some key of ``exprs`` matches the operands'
+    types: the kernel's variants require it, so operands without an expression (an integer
+    base with a float exponent) are declined by type, never rendered."""
+    keys = exprs[0::2]
+    if any(k in _ANY_KEYS for k in keys):
+        return "true"
+    alternatives = []
+    for key in keys:
+        terms = []
+        for io, reg in zip(operands, key.split(",")):
+            terms.append("(" + " or ".join(f'dtypes.{io} == "{t}"' for t in REGISTERS[reg]) + ")")
+        alternatives.append("(" + " and ".join(terms) + ")")
+    return " or ".join(alternatives)
 
 
 def _known(code: int) -> bool:

@@ -56,15 +56,12 @@ IDS = [f"{n}-{f}" for n, f in rm.CASES]
 #: (Pow and Sqrt left this list when the elementwise table gave them kernels, LSTM with the
 #: recurrent kernels, Gather with the data-movement kernels, Pad and Slice too once their pads /
 #: starts are read at plan time, ReduceMean with the reduction table, Cast when its kernel took
-#: every pair of types; the spox export's Equal and Identity with plan-time input values)
-_OP15 = {"Mul"}
+#: every pair of types; the spox export's Equal and Identity with plan-time input values; Mul and
+#: Equal of int64 values with the elementwise table's integer rows)
 HOST_OPS = {
     # the spox export is one If on sr: the plan is keyed on sr's value, so Equal(sr, 16000) folds,
     # and the chosen branch runs as a GPU session of its own, wholly on the GPU (as the openvino,
-    # half and sequence exports do: not listed)
-    "silero_vad_op15-float": _OP15, "silero_vad_op15-dynamic": _OP15,
-    "silero_vad_op15-qdq": _OP15, "silero_vad_op15-qoperator": _OP15,
-    "silero_vad_ifless-float": {"Equal"}, "silero_vad_ifless-dynamic": {"Equal"},
+    # half, sequence and op15 exports do: not listed)
     # Reshape: the graph output's declared [1, seqlen] is kept over the inferred rank 3
     "ddddocr_ocr-float": {"ConstantOfShape", "Reshape"},
     "ddddocr_det-float": {"Resize"},

@@ -22,8 +22,8 @@ from onnx import helper
 
 from onnx_quant.errors import ExecutionError, HostFallbackWarning, QuantWarning
 
-KERNEL_FILES = ("dynamic_quantize_linear.kernel.json", "add.kernel.json", "sub.kernel.json", "mul.kernel.json",
-                "cast.kernel.json")
+KERNEL_FILES = ("dynamic_quantize_linear.kernel.json", "cast.kernel.json")
+TABLE_OPS = ("Add", "Sub", "Mul")  # rows of templates/elementwise.ops.json
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +35,10 @@ def dev(best):
 @pytest.fixture(scope="module")
 def reg():
     from onnx_quant.backend_wgpu.spec import SpecRegistry, load_spec, templates_dir
+    from onnx_quant.backend_wgpu.spec_tables import load_table
 
-    return SpecRegistry(load_spec(templates_dir() / f) for f in KERNEL_FILES)
+    table = [s for s in load_table(templates_dir() / "elementwise.ops.json") if s.name in TABLE_OPS]
+    return SpecRegistry([load_spec(templates_dir() / f) for f in KERNEL_FILES] + table)
 
 
 def session(model, dev, reg, **kw):

@@ -24,7 +24,9 @@ _NP_NAME = {"float": "float32", "double": "float64"}
 def _schema_types(op: str, version: int, io_index: int, output: bool) -> set[str]:
     """Element type names onnx.defs allows for one input/output of the schema in force."""
     s = defs.get_schema(op, version, "")
-    formal = (s.outputs if output else s.inputs)[io_index]
+    formals = s.outputs if output else s.inputs
+    variadic = formals[-1].option == defs.OpSchema.FormalParameterOption.Variadic
+    formal = formals[min(io_index, len(formals) - 1)] if variadic else formals[io_index]
     allowed = next((tc.allowed_type_strs for tc in s.type_constraints if tc.type_param_str == formal.type_str),
                    [formal.type_str])
     names = set()
@@ -59,6 +61,10 @@ def test_every_schema_version_gets_the_table_types_onnx_defs_allows(op):
 def test_attribute_defaults_are_onnx_defaults(op):
     schema = defs.get_schema(op, 100, "")
     for name, default in ENTRIES[op]["attributes"].items():
+        if isinstance(default, dict):  # a required string attribute read as an enumeration
+            assert schema.attributes[name].required and default["required"] is True, name
+            assert SPECS.find("", op, 100).attributes[name].required
+            continue
         onnx_default = helper.get_attribute_value(schema.attributes[name].default_value)
         assert type(default) is type(onnx_default) and default == pytest.approx(onnx_default, rel=1e-7), name
         assert SPECS.find("", op, 100).attributes[name].default == default
@@ -153,6 +159,62 @@ def load_spec_from_base(tmp_path):
 def test_the_shipped_table_covers_ops_that_no_kernel_file_repeats():
     files = {json.loads(p.read_text())["name"] for p in templates_dir().glob("*.kernel.json")}
     assert not files & set(ENTRIES), files & set(ENTRIES)
+
+
+@pytest.mark.parametrize("change, field, reason", [
+    ({"final": 3}, "ops.Abs.final", "expected a WGSL expression"),
+    ({"expr": {"f32,x64": "a"}}, "ops.Abs.expr.f32,x64", "a register type"),
+])
+def test_table_errors_of_integer_rows(tmp_path, change, field, reason):
+    path = _copy_family(tmp_path, _table(**change))
+    with pytest.raises(SpecError) as e:
+        load_table(path)
+    assert e.value.field == field and reason in e.value.reason
+
+
+def _plan(op, version, dtypes, shapes, attributes=None, device=None):
+    from onnx_quant.backend_wgpu.device_info import DeviceInfo
+    from onnx_quant.backend_wgpu.planner import plan_node
+
+    return plan_node(SPECS.find("", op, version), shapes=shapes, dtypes=dtypes, device=device or DeviceInfo(),
+                     attributes=attributes)
+
+
+def test_operands_without_an_expression_are_declined_by_expr_ok():
+    from onnx_quant.errors import KernelRejected
+
+    shapes = {"a": [3], "b": [3], "c": [3]}
+    plan = _plan("Pow", 18, {"a": "int64", "b": "uint8", "c": "int64"}, shapes)
+    assert "oq_ipow_i64(a, b)" in plan.derived["exprs"]  # the i64,i32 key
+    with pytest.raises(KernelRejected, match="'exprOk' is false"):
+        _plan("Pow", 18, {"a": "int32", "b": "float32", "c": "int32"}, shapes)
+
+
+def test_a_string_attribute_is_an_enumeration():
+    spec = SPECS.find("", "BitShift", 28)
+    assert spec.attributes["direction"].required
+    plan = _plan("BitShift", 28, {"a": "int64", "b": "int64", "c": "int64"}, {"a": [2], "b": [2], "c": [2]},
+                 {"direction": "LEFT"})
+    assert plan.derived["enums"] == (("direction", ("LEFT", "RIGHT")),)
+    assert SPECS.find("", "BitShift", 27).type_constraints["T"] == ("uint8", "uint16", "uint32", "uint64")
+
+
+def test_nary_ops_bind_exactly_their_inputs_and_decline_past_the_binding_limit():
+    from onnx_quant.backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS, DeviceInfo
+    from onnx_quant.errors import KernelRejected
+
+    for n in (1, 3, 7):
+        shapes = {f"x{k}": [2, 3] for k in range(n)} | {"y": [2, 3]}
+        dtypes = {f"x{k}": "uint64" for k in range(n)} | {"y": "uint64"}
+        plan = _plan("Max", 13, dtypes, shapes)
+        assert plan.variant == f"inputs_{n}"
+        assert [b.var_name for b in plan.passes[0].bindings] == [f"x{k}" for k in range(n)] + ["y"]
+    shapes = {f"x{k}": [4] for k in range(8)} | {"y": [4]}
+    dtypes = {f"x{k}": "float32" for k in range(8)} | {"y": "float32"}
+    with pytest.raises(KernelRejected, match="9 <= device.limits.maxStorageBuffersPerShaderStage"):
+        _plan("Sum", 13, dtypes, shapes)  # WebGPU's default: 8 storage buffers
+    big = DeviceInfo(limits=dict(WEBGPU_DEFAULT_LIMITS, maxStorageBuffersPerShaderStage=16))
+    assert _plan("Sum", 13, dtypes, shapes, device=big).variant == "inputs_8"
 
 
 # ----------------------------------------------------------------------------- families with parts
