@@ -319,7 +319,8 @@ class RootValue:
 @dataclass
 class GpuStep:
     """One node run by its kernel: the plan and, per BufferPlan name, where its buffer is:
-    ``("value", root)``, ``("scratch", key)``, ``("absent", k)`` or ``("uniform", offset, size)``."""
+    ``("value", root)``, ``("scratch", key)`` (pooled), ``("kept", key)`` (scratch a hoisted pass
+    writes: a buffer of its own for the plan's life), ``("absent", k)`` or ``("uniform", offset, size)``."""
 
     index: int
     label: str
@@ -328,6 +329,8 @@ class GpuStep:
     plan: KernelPlan
     buffers: dict[str, tuple]
     outputs: tuple[str, ...]     # roots it produces
+    #: leading passes over constants only, run once per plan in the prologue (graph_plan.hoist_constant_passes)
+    hoisted: int = 0
     # device state
     dispatches: list[tuple] = None  # type: ignore[assignment]
 
@@ -393,6 +396,12 @@ class SessionStats:
 
     def as_dict(self) -> dict[str, int]:
         return self.snapshot()
+
+    def add(self, moved: Mapping[str, Any]) -> None:
+        """Count what another session moved on our behalf (an If / Loop body's run)."""
+        for k, v in moved.items():
+            if k not in ("runs", "plans") and k in self.__dict__:
+                setattr(self, k, getattr(self, k) + v)
 
     def since(self, before: Mapping[str, Any]) -> dict[str, Any]:
         """What moved since ``before`` (a ``snapshot()``): one run's figures."""
@@ -559,16 +568,23 @@ def prepare_graph(device, gplan: GraphPlan, res: SessionResources, constants: Ma
                 return slots[gplan.slot_of[root.name]], 0
             if kind == "scratch":
                 return slots[gplan.slot_of[where[1]]], 0
+            if kind == "kept":
+                if where[1] not in once_buffers:
+                    once_buffers[where[1]] = res.allocate(max(4, step.plan.buffers[bname].byte_size),
+                                                          label=f"kept {step.label}/{bname}")
+                    created.append(once_buffers[where[1]])
+                return once_buffers[where[1]], 0
             if kind == "absent":
                 return res.zero_buffer(where[1]), 0
             if kind == "uniform":
                 return uniform, where[1]
             raise ExecutionError(f"node {step.label}: buffer {bname}: unknown placement {where!r}")  # pragma: no cover
 
+        hoisted: list[tuple] = []  # the run steps' constant passes, recorded into the prologue
         for step in gplan.gpu_steps:
             plan = step.plan
             step.dispatches = []
-            for p in plan.passes:
+            for i, p in enumerate(plan.passes):
                 if min(p.dispatch) <= 0:
                     continue
                 source = render(p)
@@ -591,12 +607,14 @@ def prepare_graph(device, gplan: GraphPlan, res: SessionResources, constants: Ma
                                  kernel=plan.kernel, variant=plan.variant, pass_id=p.id)
                 stats.bind_groups_created += 1
                 # the raw handles ride along for GpuDevice.submit's direct path
-                step.dispatches.append(("dispatch", compiled, bg, tuple(int(d) for d in p.dispatch),
-                                        f"{step.label}/{p.id}", (compiled.pipeline._internal, bg._internal)))
-        if gplan.prologue:  # constants computed on the device, once per plan
-            device.submit([c for st in gplan.prologue for c in st.dispatches], label="plan constants")
+                cmd = ("dispatch", compiled, bg, tuple(int(d) for d in p.dispatch),
+                       f"{step.label}/{p.id}", (compiled.pipeline._internal, bg._internal))
+                (hoisted if i < step.hoisted else step.dispatches).append(cmd)
+        prologue = [c for st in gplan.prologue or () for c in st.dispatches] + hoisted
+        if prologue:  # constants computed on the device, once per plan
+            device.submit(prologue, label="plan constants")
             stats.submits += 1
-            stats.prologue_dispatches += sum(len(st.dispatches) for st in gplan.prologue)
+            stats.prologue_dispatches += len(prologue)
     except BaseException:
         for buf in created:
             _destroy(buf)

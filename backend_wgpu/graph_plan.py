@@ -54,8 +54,11 @@ FOLD_OPS = frozenset({
 })
 FOLD_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.BOOL})
 
+#: what placement says of an If / Loop (control_flow.py)
+CONTROL_WHY = "control flow: the host reads the condition and runs the chosen body on the GPU"
 #: what placement_report says of a node that runs no kernel
 PLACEMENT_WHY = {"view": "a view of its input's buffer", "const": "a Constant, uploaded once per session",
+                 "control": CONTROL_WHY,
                  "fold": "computed by shape inference for these input shapes",
                  "unused": "no graph output depends on it"}
 
@@ -70,7 +73,7 @@ class NodeInfo:
     domain: str
     version: int
     spec: Any                 # the KernelSpec that takes the node, or None
-    kind: str                 # "gpu" | "host" | "view" | "const"
+    kind: str                 # "gpu" | "host" | "view" | "const" | "control" (If / Loop: control_flow.py)
     reason: str               # why not "gpu" (empty for gpu nodes)
     implicit: tuple[str, ...]  # outer-scope names its subgraphs read
 
@@ -115,6 +118,29 @@ def attributes(node: onnx.NodeProto) -> dict[str, Any]:
             v = [x.decode("utf-8", "replace") if isinstance(x, bytes) else x for x in v]
         out[a.name] = v
     return out
+
+
+def subgraph_reads(node: onnx.NodeProto) -> set[str]:
+    """Outer-scope names the node's subgraphs (If/Loop/Scan bodies) read."""
+    names: set[str] = set()
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            names |= _free_names(a.g)
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            for g in a.graphs:
+                names |= _free_names(g)
+    return names
+
+
+def _free_names(graph: onnx.GraphProto) -> set[str]:
+    defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    defined |= {s.values.name for s in graph.sparse_initializer}
+    free: set[str] = set()
+    for n in graph.node:
+        free |= {i for i in n.input if i and i not in defined}
+        free |= {i for i in subgraph_reads(n) if i not in defined}
+        defined |= {o for o in n.output if o}
+    return free
 
 
 # ----------------------------------------------------------------------------- 0. plan-time values
@@ -346,7 +372,7 @@ def value_roots(nodes: Sequence[NodeInfo], kinds: Mapping[int, str], live: set[i
             alias[outs[0]] = (src[0], concrete(values[outs[0]].shape))
             continue
         for o in outs:
-            add_root(o, k)
+            add_root(o, "host" if k == "control" else k)  # a control step's outputs come back to the host
             alias[o] = (o, roots[o].shape)
     for name in outputs:
         if name not in alias:
@@ -367,7 +393,7 @@ def constant_nodes(nodes: Sequence[NodeInfo], kinds: Mapping[int, str], live: se
     preparation)."""
     read_back = {alias[n][0] for n in outputs if n in alias}
     for info in nodes:
-        if info.index in live and kinds[info.index] == "host":
+        if info.index in live and kinds[info.index] in ("host", "control"):
             read_back |= {alias[n][0] for n in list(info.node.input) + list(info.implicit) if n in alias}
     once: set[int] = set()
     constant = {"init", "const", "fold", "once"}
@@ -469,10 +495,11 @@ def schedule(nodes: Sequence[NodeInfo], kinds: Mapping[int, str], live: set[int]
             if info.index in once:
                 prologue.append(step)
             else:
+                step.hoisted = hoist_constant_passes(step, roots)
                 open_steps.append(step)
                 open_produced |= set(outs)
             pos += 1
-        elif k == "host":
+        elif k in ("host", "control"):
             reads = [n for n in dict.fromkeys(list(node.input) + list(info.implicit)) if n]
             step_inputs = []
             for n in reads:
@@ -485,6 +512,37 @@ def schedule(nodes: Sequence[NodeInfo], kinds: Mapping[int, str], live: set[int]
                                   tuple(o for o in node.output if o), reasons.get(info.index, "")))
     flush()
     return Schedule(steps, prologue, uniforms[0], uniforms[1])
+
+
+def hoist_constant_passes(step: GpuStep, roots: Mapping[str, RootValue]) -> int:
+    """How many leading passes of a run step read only constants (initializers, Constants,
+    folded values, outputs of once-per-plan nodes) and write only the node's scratch: such
+    passes (QLinearConv's and QLinearMatMul's ``params`` over constant scales and zero points)
+    run once per plan, in the prologue. The scratch they write is kept for the plan's life
+    (``("kept", key)``), which needs that no later pass writes it."""
+    constant = {"init", "const", "fold", "once"}
+    passes = step.plan.passes
+    k = 0
+    for p in passes:
+        ok = True
+        for b in p.bindings:
+            where = step.buffers[b.buffer]
+            role = step.plan.buffers[b.buffer].role
+            if role == "output" or (role == "input" and roots[where[1]].origin not in constant):
+                ok = False
+                break
+        if not ok:
+            break
+        k += 1
+    if k == 0 or k == len(passes):
+        return 0  # nothing constant, or the whole node (constant_nodes' business)
+    written = {b.buffer for p in passes[:k] for b in p.bindings if b.access == "read_write"}
+    if any(b.buffer in written and b.access == "read_write" for p in passes[k:] for b in p.bindings):
+        return 0
+    for bname in written:
+        if step.buffers[bname][0] == "scratch":
+            step.buffers[bname] = ("kept", step.buffers[bname][1])
+    return k
 
 
 # ----------------------------------------------------------------------------- 7. memory

@@ -24,6 +24,7 @@ them as feeds without a host round trip. ``DeviceValue.release()`` frees one.
 
 from __future__ import annotations
 
+import enum
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -43,11 +44,30 @@ DISABLE_CPU_FALLBACK = "session.disable_cpu_ep_fallback"
 OrtValue = DeviceValue
 
 
+class GraphOptimizationLevel(enum.IntEnum):
+    """onnxruntime's levels (the same numbers; onnxruntime's own enum is accepted too). QDQ node
+    units are fused (``Session(fuse_qdq=True)``) from ``ORT_ENABLE_EXTENDED`` on, where onnxruntime
+    runs its QDQ selectors; ``ORT_DISABLE_ALL`` and ``ORT_ENABLE_BASIC`` run every node as written."""
+
+    ORT_DISABLE_ALL = 0
+    ORT_ENABLE_BASIC = 1
+    ORT_ENABLE_EXTENDED = 2
+    ORT_ENABLE_ALL = 99
+
+
+def fuses_qdq(sess_options: Any) -> bool:
+    """Whether a session with these options fuses QDQ node units (onnxruntime's level, default all)."""
+    level = getattr(sess_options, "graph_optimization_level", GraphOptimizationLevel.ORT_ENABLE_ALL)
+    return int(level) >= GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+
+
 class SessionOptions:
     """The part of ``onnxruntime.SessionOptions`` this backend reads (an onnxruntime
-    ``SessionOptions`` works too): profiling switches and session config entries."""
+    ``SessionOptions`` works too): profiling switches, session config entries and
+    ``graph_optimization_level`` (:class:`GraphOptimizationLevel`)."""
 
     def __init__(self) -> None:
+        self.graph_optimization_level = GraphOptimizationLevel.ORT_ENABLE_ALL
         self.enable_profiling = False
         self.profile_file_prefix = "onnx_quant_profile"
         self.log_severity_level = 2
@@ -169,6 +189,7 @@ class InferenceSession:
         self._choice = resolve_providers(providers, provider_options, self._sess_options)
         device = get_device(self._choice.adapter, limits=self._choice.options.get("limits"))
         profile = bool(getattr(self._sess_options, "enable_profiling", False))
+        kwargs.setdefault("fuse_qdq", fuses_qdq(self._sess_options))
         self._session = Session(path_or_bytes, device=device, allow_host_fallback=self._choice.host_fallback,
                                 profile=profile, **kwargs)
         self._profile_start_ns = time.time_ns()

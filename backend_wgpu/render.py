@@ -11,12 +11,12 @@ The render context is the pass plan's ``context`` (see ``plan.py`` and the contr
 bindings from the former and the executor binds buffers from the latter.
 
 Templates get these globals: ``oq_fail(message)`` (fail the render naming the problem),
-``oq_rounded(value, dtype)`` (a Python float rounded to an element type, for plan-time
-arithmetic that must follow a reference computing in that type), and
-``oq_lane_words(value, dtype)``: the device lanes of one value of an element type (a constant
-a kernel writes, e.g. ConstantOfShape's value, EyeLike's one), through ``packing.pack_array``
-so that the bits are the host packing's own; ``oq_resize_axes``, ``oq_tap_table`` and ``oq_saturated_words``
-(``resize_taps.py``): Resize's per-axis tables, computed in float64 as onnx.reference does.
+``oq_value_lanes(value, dtype)`` (the device lanes of one value of an element type: a constant
+a kernel writes, e.g. ConstantOfShape's value, EyeLike's one), ``oq_rounded(value, dtype)`` (a
+Python float rounded to an element type, for plan-time arithmetic that must follow a
+reference computing in that type), and ``oq_resize_axes``, ``oq_tap_table`` and
+``oq_saturated_words`` (``resize_taps.py``): Resize's per-axis tables, computed in float64 as
+onnx.reference does.
 """
 
 from __future__ import annotations
@@ -41,20 +41,17 @@ def _fail(message: str) -> None:
     raise TemplateFailure(message)
 
 
-def _lane_words(value: Any, dtype: str) -> list[int]:
-    """The lanes (tensor_io's word: 32-bit lanes of 64-bit types, low first; the code of a
-    narrower type, zero-extended) of ``value`` converted to element type ``dtype``."""
+def _value_lanes(value: float, dtype: str) -> list[int]:
+    """The u32 lanes of ``value`` stored as one element of ``dtype`` (a fill constant baked into
+    a shader): one lane, zero-extended, for types up to 32 bits; two (low first) for 64-bit."""
     import numpy as np  # noqa: PLC0415
 
-    from onnx_quant.backend_wgpu.packing import device_bits, etype, pack_array  # noqa: PLC0415
+    from onnx_quant.backend_wgpu.packing import pack_array  # noqa: PLC0415
+    from onnx_quant.dtypes import element_type  # noqa: PLC0415
 
-    et = etype(dtype)
-    array = np.array([value]).astype(et.dtype)
-    words = np.frombuffer(bytes(pack_array(array, et.name)), "<u4")
-    bits = device_bits(et)
-    if bits >= 32:
-        return [int(w) for w in words[: bits // 32]]
-    return [int(words[0]) & ((1 << bits) - 1)]
+    raw = bytes(pack_array(np.array([value]).astype(element_type(dtype).dtype), dtype))
+    words = [int.from_bytes(raw[i:i + 4], "little") for i in range(0, len(raw), 4)]
+    return words[:2] if element_type(dtype).bits == 64 else words[:1]
 
 
 def _rounded(value: float, dtype: str) -> float:
@@ -83,7 +80,7 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=False,
     )
     env.globals["oq_fail"] = _fail
-    env.globals["oq_lane_words"] = _lane_words
+    env.globals["oq_value_lanes"] = _value_lanes
     env.globals["oq_rounded"] = _rounded
     env.globals["oq_resize_axes"] = resize_taps.resize_axes
     env.globals["oq_tap_table"] = resize_taps.tap_table

@@ -2,6 +2,9 @@
 
 Construction (once per model):
 
+* QDQ node units (``DequantizeLinear -> Conv/MatMul/Add/... -> QuantizeLinear``) are replaced by
+  the QLinear kernels onnxruntime substitutes with its optimizations on (``qdq_fusion.py``;
+  ``fuse_qdq=False`` keeps the graph as written);
 * every node gets a *placement*: a kernel spec that takes its op, attributes and element
   types (``gpu``); a view of its input (``view``: Reshape, Flatten, Squeeze, Unsqueeze,
   Identity, Dropout in inference mode); a Constant (evaluated once); or the host
@@ -46,11 +49,13 @@ from onnx_quant.backend_wgpu import graph_plan as gp
 from onnx_quant.backend_wgpu.device_value import DeviceValue, stand_in
 from onnx_quant.backend_wgpu.graph_plan import (
     DEFAULT_DOMAINS, VIEW_OPS, attributes as _attributes, concrete as _concrete, onnx_type as _onnx_type,
+    subgraph_reads,
 )
 from onnx_quant.backend_wgpu.graph_plan import NodeInfo as _NodeInfo
 from onnx_quant.backend_wgpu.executor import (
     GraphPlan, HostStep, Segment, SessionResources, SessionStats, prepare_graph, release_graph, run_graph,
 )
+from onnx_quant.backend_wgpu.control_flow import CONTROL_WHY, ControlFlow, is_control
 from onnx_quant.backend_wgpu.host_rewrites import host_node
 from onnx_quant.backend_wgpu.host_sizes import check_host_node
 from onnx_quant.backend_wgpu.locking import holding
@@ -129,29 +134,6 @@ def node_label(node: onnx.NodeProto, index: int) -> str:
     return node.name or f"{node.op_type}_{index}"
 
 
-def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
-    """Outer-scope names the node's subgraphs (If/Loop/Scan bodies) read."""
-    names: set[str] = set()
-    for a in node.attribute:
-        if a.type == onnx.AttributeProto.GRAPH:
-            names |= _free_names(a.g)
-        elif a.type == onnx.AttributeProto.GRAPHS:
-            for g in a.graphs:
-                names |= _free_names(g)
-    return names
-
-
-def _free_names(graph: onnx.GraphProto) -> set[str]:
-    defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
-    defined |= {s.values.name for s in graph.sparse_initializer}
-    free: set[str] = set()
-    for n in graph.node:
-        free |= {i for i in n.input if i and i not in defined}
-        free |= {i for i in _subgraph_reads(n) if i not in defined}
-        defined |= {o for o in n.output if o}
-    return free
-
-
 class Session:
     """Run a model on a wgpu device.
 
@@ -166,6 +148,9 @@ class Session:
     templates). ``base_dir``: the folder external data of a model given as bytes or a ModelProto
     is read from (without it such data is refused; a path's own folder is used for a path).
     ``memory_budget``: bytes (or ``"2G"``) any host allocation may take (onnx_quant/budget.py).
+    ``fuse_qdq``: replace QDQ node units (DequantizeLinear -> Conv/MatMul/Add/... -> QuantizeLinear)
+    by the QLinear kernels onnxruntime substitutes from ``ORT_ENABLE_EXTENDED`` on (qdq_fusion.py;
+    ``fusion`` lists them); False runs every node as written (onnxruntime's ``ORT_DISABLE_ALL``).
 
     ``stats`` (:class:`~backend_wgpu.executor.SessionStats`) counts what the session did:
     plans, pipelines compiled, buffers allocated, bind groups, submits, read-backs, bytes
@@ -186,15 +171,22 @@ class Session:
         base_dir: str | os.PathLike | None = None,
         memory_budget: int | str | None = None,
         profile: bool = False,
+        fuse_qdq: bool = True,
     ) -> None:
         self._lock = threading.RLock()  # one run at a time per session: backend_wgpu/locking.py
         self.budget = resolve_budget(memory_budget)
         self.model = load_model(model_or_path, load_external_data=True, base_dir=base_dir, budget=self.budget)
         self._static_values = static_values(self.model)  # structural faults are refused here, first
+        self._specs = self._registry(specs)
+        #: the QDQ node units replaced by QLinear kernels (qdq_fusion.py), empty with fuse_qdq=False
+        self.fusion = self._fuse(fuse_qdq)
+        #: If / Loop runners (control_flow.py), per node index, built on first run
+        self._control: dict[int, Any] = {}
+        self._body_options = {"allow_host_fallback": allow_host_fallback, "memory_budget": self.budget,
+                              "fuse_qdq": fuse_qdq, "specs": self._specs, "tunables": tunables, "variants": variants}
         graph = self.model.graph
         self.allow_host_fallback = bool(allow_host_fallback)
         self._opsets = {(imp.domain or ""): imp.version for imp in self.model.opset_import}
-        self._specs = self._registry(specs)
         self._initializers = initializer_arrays(self.model, self.budget)
         self._inputs = [vi for vi in graph.input if vi.name not in self._initializers]
         self._outputs = [vi.name for vi in graph.output]
@@ -242,6 +234,30 @@ class Session:
             self.profiler = Profiler(self.device)
 
     # -- construction ------------------------------------------------------------------------
+
+    def _fuse(self, enabled: bool):
+        """Phase 0, before placement: QDQ node units onto QLinear kernels (qdq_fusion.py), where a
+        kernel spec takes the replacement; ``self.model`` becomes the fused model."""
+        from onnx_quant.backend_wgpu.qdq_fusion import FusionResult, fuse_qdq  # noqa: PLC0415
+
+        self._fused_units: dict[str, Any] = {}
+        if not enabled:
+            return FusionResult(self.model)
+
+        def supported(node: onnx.NodeProto, domain: str, version: int) -> str:
+            if domain in DEFAULT_DOMAINS and node.op_type in VIEW_OPS:
+                return ""  # a view of its (quantized) input
+            spec = self._specs.find(domain, node.op_type, version)
+            if spec is None:
+                return f"no GPU kernel for {self._op_text(domain, node.op_type)} at opset {version}"
+            return self._spec_rejects(spec, node)
+
+        result = fuse_qdq(self.model, elem_of=self._elem, supported=supported)
+        if result.units:
+            self.model = result.model
+            self._static_values = static_values(self.model)
+        self._fused_units = {u.node.output[0]: u for u in result.units}
+        return result
 
     @staticmethod
     def _registry(specs: Any):
@@ -295,13 +311,19 @@ class Session:
             raise ExecutionError(f"node {label!r} ({node.op_type}): the model imports no opset for domain "
                                  f"{domain or 'ai.onnx'!r}")
         self._check_attribute_names(label, node, domain, version)
-        implicit = tuple(sorted(_subgraph_reads(node)))
+        implicit = subgraph_reads(node)
+        unit = self._fused_units.get(node.output[0]) if node.output else None
+        if unit is not None:  # what the unit as written reads besides the fused node's inputs (host fallback)
+            implicit |= set(unit.reads()) - set(node.input)
+        implicit = tuple(sorted(implicit))
         spec = self._specs.find(domain, node.op_type, version)
         reason = "" if spec is None else self._spec_rejects(spec, node)
         if spec is None:
             reason = f"no GPU kernel for {self._op_text(domain, node.op_type)} at opset {version}"
         if domain in DEFAULT_DOMAINS and node.op_type == "Constant":
             return _NodeInfo(index, label, node, domain, version, None, "const", "a constant", implicit)
+        if is_control(domain, node.op_type, version):
+            return _NodeInfo(index, label, node, domain, version, None, "control", CONTROL_WHY, implicit)
         if domain in DEFAULT_DOMAINS and node.op_type in VIEW_OPS:
             why = self._static_view_rejects(node)
             if why is None:
@@ -443,8 +465,10 @@ class Session:
         host, host_opset = host_node(node, opset, info.label)  # where onnx.reference needs it said otherwise
         imports = [onnx.helper.make_opsetid("", host_opset) if o.domain in ("", "ai.onnx") else o
                    for o in self.model.opset_import]
+        unit = self._fused_units.get(node.output[0]) if node.output else None
+        hosted = [host] if unit is None else list(unit.nodes)  # a fused unit runs as written
         graph = onnx.helper.make_graph(
-            [host], f"host_{info.label}",
+            hosted, f"host_{info.label}",
             [onnx.ValueInfoProto(name=n) for n in inputs],
             [onnx.ValueInfoProto(name=n) for n in node.output if n])
         one = onnx.helper.make_model(graph, opset_imports=imports,
@@ -479,15 +503,27 @@ class Session:
             arr = arr.astype(element_type(t).dtype)
         return arr
 
+    def _control_flow(self, info: _NodeInfo) -> ControlFlow:
+        runner = self._control.get(info.index)
+        if runner is None:
+            runner = self._control[info.index] = ControlFlow(
+                info, self.model, {**self._initializers, **self._constants},
+                lambda m: Session(m, device=self.device, **self._body_options), self.stats.add)
+        return runner
+
     def _run_host(self, step: HostStep, values: dict[str, Any]) -> list[Any]:
         info = self._nodes[step.index]
-        ev, names = self._evaluator(info)
         feeds = {}
         for name, root, shape in step.inputs:
             v = values[root]
             if shape is not None and isinstance(v, np.ndarray) and tuple(v.shape) != shape:
                 v = v.reshape(shape)
             feeds[name] = v
+        if info.kind == "control":
+            outs = self._control_flow(info).run(feeds)
+            names_out = [o for o in info.node.output if o]
+            return [self._as_onnx_dtype(n, v, self._plan_elem.get(n) or self._elem(n)) for n, v in zip(names_out, outs)]
+        ev, names = self._evaluator(info)
         out0 = next((o for o in info.node.output if o), "")
         bits = _bits_of(self._plan_elem.get(out0) or self._elem(out0))
         check_host_node(self.budget, step.label, step.op_type, [feeds.get(n) if n else None for n in info.node.input],
@@ -536,14 +572,19 @@ class Session:
     @property
     def host_nodes(self) -> list[str]:
         """``"name (op)"`` of every node placed on the host: those no kernel covers, and those
-        a plan made so far sent there (e.g. no variant's ``when`` held for its shapes)."""
-        return [f"{i.label} ({self._op_name(i)})" for i in self._nodes if i.index in self._host_labels]
+        a plan made so far sent there (e.g. no variant's ``when`` held for its shapes); with the
+        host nodes of the If / Loop / Scan bodies run so far."""
+        return list(self.host_node_reasons)
 
     @property
     def host_node_reasons(self) -> dict[str, str]:
         """``host_nodes`` with why each runs on the host."""
-        return {f"{i.label} ({self._op_name(i)})": self._host_labels[i.index] for i in self._nodes
-                if i.index in self._host_labels}
+        out = {f"{i.label} ({self._op_name(i)})": self._host_labels[i.index] for i in self._nodes
+               if i.index in self._host_labels}
+        for runner in self._control.values():
+            for body in runner.body_sessions():
+                out.update(body.host_node_reasons)
+        return out
 
     # -- feeds and shapes --------------------------------------------------------------------
 
@@ -849,7 +890,8 @@ class Session:
         (``"host"``/``"view"``/... for the others), why (derived values, when clauses, the
         first failing clause of every variant), tunables, shapes, segment (None for a GPU node run once per
         plan: ``once_per_plan``), passes
-        [{id, name, dispatch}]. Input dims the model leaves symbolic or unknown are taken
+        [{id, name, dispatch, once_per_plan}] (a leading pass over constants only runs once per plan), fused (for a node that replaced a QDQ node unit: {rule, nodes: the
+        unit's nodes as written}; else None). Input dims the model leaves symbolic or unknown are taken
         from ``input_shapes``, else 1."""
         from onnx_quant.backend_wgpu.planner import describe  # noqa: PLC0415
 
@@ -886,7 +928,9 @@ class Session:
                                if b.role in ("input", "output") and b.shape is not None},
                     "device": self.device.info.name, "segment": seg_of.get(info.index),
                     "once_per_plan": info.index in once,
-                    "passes": [{"id": p["id"], "name": p["name"], "dispatch": p["dispatch"]} for p in d["passes"]],
+                    "passes": [{"id": p["id"], "name": p["name"], "dispatch": p["dispatch"],
+                                "once_per_plan": info.index in once or k < st.hoisted}
+                               for k, p in enumerate(d["passes"])],
                 })
             else:
                 label = names.get(kind, kind)
@@ -895,6 +939,8 @@ class Session:
                               "device": "host" if kind in ("host", "const", "fold") else
                               (self.device.info.name if kind == "view" else ""),
                               "segment": host_after.get(info.index), "passes": []})
+            unit = self._fused_units.get(node.output[0]) if node.output else None
+            entry["fused"] = None if unit is None else {"rule": unit.rule, "nodes": unit.labels()}
             out.append(entry)
         return out
 
@@ -924,6 +970,9 @@ class Session:
         for gplan in self._plans.values():
             release_graph(gplan)
         self._plans.clear()
+        for runner in self._control.values():
+            for body in runner.body_sessions():
+                body.close()
         self._resources.release()
         if self.profiler is not None:
             self.profiler.release()

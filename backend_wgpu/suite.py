@@ -12,7 +12,8 @@ Each case gets one outcome:
 - ``declined``: a kernel exists but declines the node (a type, attribute or shape outside what it
   computes exactly: ``KernelRejected``), or the case has values the GPU backend does not take
   (sequences, optionals, strings);
-- ``error``: anything else (an internal error: a bug too, reported, never a crash of the run).
+- ``error``: an internal error or a shader the device refuses to compile: a bug too, reported,
+  never a crash of the run.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ def outcome(row: CaseResult) -> str:
     error = row.error or ""
     if "no GPU kernel for" in error:
         return "no kernel"
-    if error.startswith("internal error"):
-        return "error"
+    if error.startswith("internal error") or "compiling the shader failed" in error:
+        return "error"  # a bug of ours (a shader the device rejects), never a decline
     return "declined"
 
 

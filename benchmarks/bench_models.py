@@ -4,7 +4,12 @@ small nodes; where a GPU run's time goes (host work, uploads, the submit, waitin
 
     python benchmarks/bench_models.py [--repeat 10] [--chain 1000] [--adapter vulkan]
                                       [--families cnn,mlp,transformer] [--formats qoperator,qdq,dynamic]
-                                      [--json | --markdown]
+                                      [--baseline REV] [--json | --markdown]
+
+``--baseline REV`` also times git revision REV (built once into a cache folder by
+``benchmarks/baseline.py``) with this same script on the same models, in a subprocess right after
+this tree's runs, and reports its latency and dispatches beside them (``speedup``: REV's GPU time
+over this tree's).
 
 Models: the model zoo's float CNN, MLP and transformer block (``onnx_quant.model_zoo``, the
 builders' default sizes), quantized by onnxruntime.quantization in QOperator, QDQ and dynamic
@@ -332,6 +337,21 @@ def run(*, families=("cnn", "mlp", "transformer"), formats=model_zoo.FORMATS, ch
     return {"device": device.info.name, "backend": device.info.backend, "repeat": repeat, "rows": rows}
 
 
+def add_baseline(result: dict[str, Any], base: dict[str, Any]) -> None:
+    """Put the baseline revision's figures beside this tree's, row by row (same model names)."""
+    result["baseline_rev"] = base["rev"]
+    by_model = {r["model"]: r for r in base["rows"]}
+    for row in result["rows"]:
+        b = by_model.get(row["model"], {})
+        if "gpu_ms" in b:
+            row["baseline_ms"] = b["gpu_ms"]
+            row["baseline_dispatches_per_run"] = b.get("dispatches_per_run")
+            if "gpu_ms" in row:
+                row["speedup_vs_baseline"] = b["gpu_ms"] / row["gpu_ms"]
+        elif "gpu_error" in b:
+            row["baseline_error"] = b["gpu_error"]
+
+
 def _f(v: Any, fmt: str = ".2f") -> str:
     return "" if v is None else format(v, fmt)
 
@@ -372,6 +392,16 @@ def format_markdown(result: dict[str, Any]) -> str:
             f"| {_f(r['gpu_ms'])} | {_f(r.get('ort_ms'), '.3f')} | {_f(r.get('ratio'), '.0f')} "
             f"| {_f(r['submits_per_run'], '.0f')} | {pct['host']:.0f} | {pct['upload']:.0f} | {pct['submit']:.0f} "
             f"| {pct['wait+read']:.0f} | {_host_ops(r['host_nodes'])} | {_f(r.get('max_abs_diff_vs_ort'), '.3g')} |")
+    if "baseline_rev" in result:
+        lines += ["", f"Beside revision {result['baseline_rev'][:10]} (built from git, timed by the same script "
+                      "in a subprocess right after):", "",
+                  "| model | dispatches per run (then → now) | GPU ms then | GPU ms now | speedup |",
+                  "|---|---:|---:|---:|---:|"]
+        for r in result["rows"]:
+            then = _f(r.get("baseline_ms")) or _short_error(r.get("baseline_error", ""))
+            lines.append(f"| {r['model']} | {_f(r.get('baseline_dispatches_per_run'), '.0f')} → "
+                         f"{_f(r.get('dispatches_per_run'), '.0f')} | {then} | {_f(r.get('gpu_ms'))} "
+                         f"| {_f(r.get('speedup_vs_baseline'), '.1f')} |")
     for r in result["rows"]:
         if "gpu_us_per_node" in r:
             lines.append("")
@@ -396,10 +426,18 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--json", action="store_true")
     g.add_argument("--markdown", action="store_true")
     p.add_argument("--plots", metavar="DIR", help="also write PNG plots there (needs the bench extra)")
+    p.add_argument("--baseline", metavar="REV", help="also time this git revision (e.g. the previous main)")
     args = p.parse_args(argv)
     result = run(families=[f for f in args.families.split(",") if f],
                  formats=[f for f in args.formats.split(",") if f],
                  chain=args.chain, repeat=args.repeat, adapter=args.adapter)
+    if args.baseline:
+        from baseline import run_json  # noqa: PLC0415 - benchmarks/baseline.py, beside this script
+
+        _say(f"baseline {args.baseline} ...")
+        forwarded = ["--json", "--repeat", str(args.repeat), "--chain", str(args.chain), "--families", args.families,
+                     "--formats", args.formats] + (["--adapter", args.adapter] if args.adapter else [])
+        add_baseline(result, run_json(args.baseline, "bench_models.py", forwarded))
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     else:

@@ -4,8 +4,8 @@ The names users import from the top (loaded on first use, so ``import onnx_quant
 and never loads wgpu):
 
 * ``infer_shapes``, ``check_model`` — :mod:`onnx_quant.inference`;
-* ``InferenceSession``, ``SessionOptions``, ``RunOptions``, ``OrtValue`` (= ``DeviceValue``),
-  ``get_available_providers`` — onnxruntime's call shapes over the GPU backend
+* ``InferenceSession``, ``SessionOptions``, ``GraphOptimizationLevel``, ``RunOptions``, ``OrtValue``
+  (= ``DeviceValue``), ``get_available_providers`` — onnxruntime's call shapes over the GPU backend
   (:mod:`onnx_quant.backend_wgpu.inference_session`).
 """
 
@@ -22,6 +22,7 @@ _PUBLIC = {
     "InferenceSession": "onnx_quant.backend_wgpu.inference_session",
     "SessionOptions": "onnx_quant.backend_wgpu.inference_session",
     "RunOptions": "onnx_quant.backend_wgpu.inference_session",
+    "GraphOptimizationLevel": "onnx_quant.backend_wgpu.inference_session",
     "OrtValue": "onnx_quant.backend_wgpu.inference_session",
     "DeviceValue": "onnx_quant.backend_wgpu.device_value",
     "get_available_providers": "onnx_quant.backend_wgpu.inference_session",

@@ -77,6 +77,60 @@ def assert_node_cases_every_variant(device, op_types, variants) -> int:
     return len(cases)
 
 
+def assert_declined(device, case, words: str) -> None:
+    """A node case the GPU declines: not passing, no value computed (never a wrong one), and the
+    refusal says ``words``."""
+    from onnx_quant.backend_wgpu.conformance import run_case
+
+    row = run_case(case, device=device, host_fallback=False)
+    assert not row.passed and row.max_error is None and words in (row.error or ""), (case.name, row.error)
+
+
+def assert_node_cases_pass_or_declined(device, ops, declined, at_least: int) -> list[str]:
+    """ONNX's node cases whose op type (an expansion counts as its op) is in ``ops``: each passes on
+    the GPU with no host fallback, or is named in ``declined`` (case name -> words of the reason)
+    and refused with them, never a wrong value; every named case exists; at least ``at_least``
+    pass. Returns the passing case names."""
+    from onnx_quant.backend_wgpu.conformance import case_op_type, run_case
+    from onnx_quant.node_cases import all_node_cases
+
+    passed, refused = [], []
+    for case in all_node_cases():
+        if case.model is None or case_op_type(case).split(" ")[0] not in ops:
+            continue
+        if case.name in declined:
+            assert_declined(device, case, declined[case.name])
+            refused.append(case.name)
+        else:
+            row = run_case(case, device=device, host_fallback=False)
+            assert row.passed, (case.name, row.error)
+            passed.append(case.name)
+    assert sorted(refused) == sorted(declined)
+    assert len(passed) >= at_least, len(passed)
+    return passed
+
+
+def run_every_variant(device, model, feeds, op_type):
+    """The model run with each variant of its ``op_type`` node that applies, forced, no host
+    fallback; asserts they give the same bits and returns (outputs, variant ids)."""
+    import numpy as np
+
+    from onnx_quant.backend_wgpu.session import Session
+
+    with Session(model, device=device) as s:
+        selection = s.explain({k: v.shape for k, v in feeds.items()})[0]["selection"]
+    ids = [v for v, failing in selection.items() if failing is None]
+    assert ids, selection
+    runs = []
+    for v in ids:
+        with Session(model, device=device, variants={op_type: v}, allow_host_fallback=False) as s:
+            runs.append(s.run(None, feeds))
+    for outs in runs[1:]:
+        for a, b in zip(outs, runs[0]):
+            assert a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8)), ids
+    return runs[0], ids
+
+
 def gpu_required() -> bool:
     return bool(os.environ.get("CI") or os.environ.get("ONNX_QUANT_REQUIRE_GPU"))
 

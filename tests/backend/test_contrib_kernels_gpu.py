@@ -478,6 +478,7 @@ def test_kernels_agree_on_opengl(best):
     h = x.astype(np.float16)
     a, b, w = data((17, 33), np.float32, 2), data((33, 19), np.float32, 3), data((8, 3, 3, 3), np.float32, 4)
     u = [data((2, 3), np.uint8, i) for i in range(3)]
+    lab = (np.arange(2 * 5 * 5).reshape(2, 5, 5) % 3).astype(np.int64)
     cases = [
         (node_model("MaxPool", [("X", x.astype(np.uint8))], ["Y"], attrs=dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
                     opset=12), {"X": x.astype(np.uint8)}),
@@ -485,6 +486,10 @@ def test_kernels_agree_on_opengl(best):
                                                                    pads=[1, 1, 1, 1])), {"X": x}),
         (node_model("GlobalAveragePool", [("X", x)], ["Y"]), {"X": x}),
         (node_model("Softmax", [("X", x)], ["Y"], attrs={"axis": 1}), {"X": x}),
+        (node_model("LogSoftmax", [("X", h)], ["Y"], attrs={"axis": 1}), {"X": h}),
+        (node_model("Hardmax", [("X", x)], ["Y"], attrs={"axis": 1}), {"X": x}),
+        (node_model("SoftmaxCrossEntropyLoss", [("X", x), ("T", lab), ("W", x[0, :, 0, 0].copy())], ["L", "P"],
+                    attrs={"reduction": "mean", "ignore_index": 1}, opset=13), {"X": x, "T": lab, "W": x[0, :, 0, 0].copy()}),
         (node_model("Sigmoid", [("X", x)], ["Y"]), {"X": x}),
         (node_model("MatMul", [("A", a), ("B", b)], ["Y"]), {"A": a, "B": b}),
         (node_model("Conv", [("X", x), ("W", w)], ["Y"]), {"X": x, "W": w}),

@@ -652,6 +652,9 @@ def test_softmax(best, opset, shape, axis):
     model = node_model("Softmax", [("X", x)], ["Y"], attrs={"axis": axis}, opset=opset)
     (got,), variants = run_all_variants(best, model, {"X": x})
     assert set(variants) == {"serial", "workgroup"}
+    # the multi-pass variant (rows beyond WORKGROUP_MAX_ROW) sums in the same order
+    (multi,), _ = run_node(best, model, {"X": x}, variant="multipass", tunables={"WORKGROUP_MAX_ROW": 0})
+    assert_same_bits(multi, got, "Softmax: multipass vs serial")
     exact = softmax_reference(x, axis, coerce=opset < 13)
     # each exp within 3 + 2|x - max| ULP (WGSL), the sum and the division add a few more
     spread = float(np.ptp(x)) if x.size else 0.0

@@ -22,8 +22,8 @@ from onnx import helper
 
 from onnx_quant.errors import ExecutionError, HostFallbackWarning, QuantWarning
 
-KERNEL_FILES = ("dynamic_quantize_linear.kernel.json", "add.kernel.json", "sub.kernel.json", "mul.kernel.json",
-                "cast.kernel.json")
+KERNEL_FILES = ("dynamic_quantize_linear.kernel.json", "cast.kernel.json")
+TABLE_OPS = ("Add", "Sub", "Mul")  # rows of templates/elementwise.ops.json
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +35,10 @@ def dev(best):
 @pytest.fixture(scope="module")
 def reg():
     from onnx_quant.backend_wgpu.spec import SpecRegistry, load_spec, templates_dir
+    from onnx_quant.backend_wgpu.spec_tables import load_table
 
-    return SpecRegistry(load_spec(templates_dir() / f) for f in KERNEL_FILES)
+    table = [s for s in load_table(templates_dir() / "elementwise.ops.json") if s.name in TABLE_OPS]
+    return SpecRegistry([load_spec(templates_dir() / f) for f in KERNEL_FILES] + table)
 
 
 def session(model, dev, reg, **kw):
@@ -388,7 +390,10 @@ def test_when_clauses_send_a_node_to_the_host_per_binding(dev, picky_reg):
         strict.run(None, {"x": rand(10)})
 
 
-def test_subgraph_node_on_the_host_reads_outer_scope_values(dev, reg):
+def test_subgraph_bodies_read_outer_scope_values(dev, reg):
+    # the If is a control step: its branches run as sessions of their own (control_flow.py), each
+    # reading the outer value d; this registry has Mul but no Neg, so the else branch's Neg is a
+    # host node of the session
     then_g = helper.make_graph([helper.make_node("Mul", ["d", "d"], ["o"])], "then", [], [vi("o", TP.FLOAT, None)])
     else_g = helper.make_graph([helper.make_node("Neg", ["d"], ["o"])], "else", [], [vi("o", TP.FLOAT, None)])
     nodes = dequant_nodes("x", "d", "a") + [
@@ -400,7 +405,8 @@ def test_subgraph_node_on_the_host_reads_outer_scope_values(dev, reg):
     for c in (True, False):
         feeds = {"x": rand(16), "cond": np.array(c)}
         assert_same(s.run(None, feeds), reference(m, feeds))
-    assert s.host_nodes == ["if (If)"]
+    assert s.host_nodes == ["Neg_0 (Neg)"]
+    assert [e["placement"] for e in s.explain({"x": (16,), "cond": ()}) if e["op_type"] == "If"] == ["control"]
 
 
 # ----------------------------------------------------------------------------- feeds and plans
@@ -481,7 +487,8 @@ def test_constant_nodes_run_once_per_plan(best):
     feeds = model_zoo.random_feeds(model, {"N": 1, "H": 8, "W": 8}, seed=3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        s = Session(model, device=best, allow_host_fallback=False)
+        # as written (no QDQ fusion): the weights' DequantizeLinear nodes are what runs once
+        s = Session(model, device=best, allow_host_fallback=False, fuse_qdq=False)
     first = s.run(None, feeds)
     entries = s.explain({k: v.shape for k, v in feeds.items()})
     once = [e for e in entries if e.get("once_per_plan")]
@@ -532,3 +539,34 @@ def test_steady_runs_record_a_prebuilt_program(best):
     assert again.tobytes() == first.tobytes() == np.maximum(x, 0).tobytes()
     assert len(gplan.programs) == 1 and s.last_run_stats["host_encode_us"] > 0
     assert s.last_run_stats["dispatches"] == 2
+
+
+def test_constant_passes_run_once_per_plan(best):
+    """QLinearConv's params pass reads only the node's constant scales and zero points: it runs
+    in the plan's prologue into scratch of its own, each run dispatches the other passes, and the
+    outputs stay onnxruntime's bits."""
+    import warnings
+
+    import onnxruntime as ort
+
+    from onnx_quant import model_zoo
+    from onnx_quant.backend_wgpu.session import Session
+
+    model = model_zoo.quantized("cnn", "qoperator", blocks=1, channels=8, seed=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        s = Session(model, device=best, allow_host_fallback=False)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for seed in (3, 4):
+        feeds = model_zoo.random_feeds(model, {"N": 1, "H": 8, "W": 8}, seed=seed)
+        got = s.run(None, feeds)
+        assert all(np.array_equal(g, w) for g, w in zip(got, sess.run(None, feeds)))
+    gplan = next(iter(s._plans.values()))
+    convs = [st for st in gplan.gpu_steps if st.plan.kernel == "QLinearConv"]
+    assert convs and all(st.hoisted >= 1 and st.plan.passes[0].id == "params" for st in convs)
+    assert all(len(st.dispatches) == len(st.plan.passes) - st.hoisted for st in convs)
+    hoisted = sum(st.hoisted for st in gplan.gpu_steps)
+    assert s.stats.prologue_dispatches == hoisted + sum(len(st.dispatches) for st in gplan.prologue)
+    assert s.last_run_stats["dispatches"] == sum(len(st.dispatches) for seg in gplan.segments for st in seg.steps)
+    conv = next(e for e in s.explain({"x": (1, 3, 8, 8)}) if e.get("kernel") == "QLinearConv")
+    assert [p["once_per_plan"] for p in conv["passes"]][:2] == [True, False]

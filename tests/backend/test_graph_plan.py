@@ -188,3 +188,33 @@ def test_session_runs_the_phases_the_same_way(best):
     assert y.tolist() == (x + np.maximum(wd, 0)).tolist() and w_out.tolist() == np.maximum(wd, 0).tolist()
     gplan = next(iter(s._plans.values()))
     assert [st.label for st in gplan.prologue] == ["dq_w", "relu_w"]
+
+
+def _pass(pid, *bindings):
+    return SimpleNamespace(id=pid, bindings=[SimpleNamespace(buffer=b, access=a) for b, a in bindings])
+
+
+def _hoist_step(passes, roots_origin):
+    from onnx_quant.backend_wgpu.executor import GpuStep
+
+    buffers = {"x": SimpleNamespace(role="input"), "scale": SimpleNamespace(role="input"),
+               "y": SimpleNamespace(role="output"), "params": SimpleNamespace(role="intermediate"),
+               "tmp": SimpleNamespace(role="intermediate"), "u": SimpleNamespace(role="uniform")}
+    where = {"x": ("value", "x"), "scale": ("value", "scale"), "y": ("value", "y"),
+             "params": ("scratch", (0, "params")), "tmp": ("scratch", (0, "tmp")), "u": ("uniform", 0, 16)}
+    roots = {n: SimpleNamespace(origin=o) for n, o in roots_origin.items()}
+    step = GpuStep(0, "n", "QLinearConv", 0, SimpleNamespace(buffers=buffers, passes=passes), where, ("y",))
+    return step, gp.hoist_constant_passes(step, roots)
+
+
+def test_leading_passes_over_constants_are_hoisted_and_their_scratch_kept():
+    params = _pass("params", ("scale", "read"), ("params", "read_write"), ("u", "uniform"))
+    main = _pass("main", ("x", "read"), ("params", "read"), ("tmp", "read_write"), ("y", "read_write"))
+    step, k = _hoist_step([params, main], {"x": "feed", "scale": "init", "y": "gpu"})
+    assert k == 1 and step.buffers["params"] == ("kept", (0, "params")) and step.buffers["tmp"][0] == "scratch"
+    # a scale computed per run, a later pass writing the kept scratch, or a node of constants only: none
+    step, k = _hoist_step([params, main], {"x": "feed", "scale": "gpu", "y": "gpu"})
+    assert k == 0 and step.buffers["params"][0] == "scratch"
+    rewrite = _pass("main", ("x", "read"), ("params", "read_write"), ("y", "read_write"))
+    assert _hoist_step([params, rewrite], {"x": "feed", "scale": "init", "y": "gpu"})[1] == 0
+    assert _hoist_step([params], {"scale": "init", "y": "gpu"})[1] == 0

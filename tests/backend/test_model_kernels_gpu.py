@@ -360,11 +360,11 @@ def test_qlinear_softmax_every_variant_matches_onnxruntime(dev, index):
     assert np.array_equal(got, np_qlinear_softmax(x, xs, f32(ysc), yzp, axis, opset))
 
 
-def test_qlinear_softmax_fused_and_rows_agree(best):
+def test_qlinear_softmax_fused_rows_and_segments_agree(best):
     rng = np.random.default_rng(3)
     x = _ints(rng, np.uint8, (6, 24))
     model = qsm_model(x, f32(0.05), f32(1 / 256), 0, -1, 21)
-    assert applicable(best, model, {"x": x}) == ["fused", "rows"]
+    assert applicable(best, model, {"x": x}) == ["fused", "rows", "segments"]
     assert np.array_equal(run_variants(best, model, {"x": x}), ort_run(model, {"x": x}))
 
 
@@ -423,21 +423,29 @@ def test_qlinear_softmax_empty_input(best):
     assert out.shape == (0, 8) and out.dtype == np.uint8
 
 
-def test_qlinear_softmax_refuses_rows_beyond_the_bound(best):
-    """Rows are summed in order by one invocation: longer than MAX_ROW_LENGTH is refused (llvmpipe
-    ends an invocation after 65535 loop iterations, silently)."""
+def test_qlinear_softmax_long_rows_take_the_segments_variant(best):
+    """A one-pass variant sums a row in one invocation: rows longer than MAX_ROW_LENGTH take
+    `segments` (the sum continued over one pass per SEGMENT_LENGTH positions: llvmpipe ends an
+    invocation after 65535 loop iterations, silently); rows of more than 8 segments are refused."""
     from onnx_quant.backend_wgpu.planner import plan_node
     from onnx_quant.backend_wgpu.spec import load_specs
 
     spec = load_specs().find("com.microsoft", "QLinearSoftmax", 1)
-    shapes = {"x": (2, 20000), "x_scale": (), "y_scale": (), "y_zero_point": (), "y": (2, 20000)}
-    dtypes = {"x": "uint8", "x_scale": "float32", "y_scale": "float32", "y_zero_point": "uint8", "y": "uint8"}
+
+    def plan(D, **tunables):
+        shapes = {"x": (2, D), "x_scale": (), "y_scale": (), "y_zero_point": (), "y": (2, D)}
+        dtypes = {"x": "uint8", "x_scale": "float32", "y_scale": "float32", "y_zero_point": "uint8", "y": "uint8"}
+        return plan_node(spec, shapes=shapes, dtypes=dtypes, device=best.info, node_label="qsm",
+                         attributes={"opset": 13}, tunables=tunables)
+
+    p = plan(20000)
+    assert p.variant == "segments"
+    assert [q.id for q in p.passes] == ["table", "chunk_max", "segment0", "map"]
+    assert [q.id for q in plan(70000).passes] == ["table", "chunk_max", "segment0", "segment1", "segment2", "map"]
+    assert plan(20000, MAX_ROW_LENGTH=20000).variant == "fused"
     with pytest.raises(ExecutionError) as e:
-        plan_node(spec, shapes=shapes, dtypes=dtypes, device=best.info, node_label="qsm", attributes={"opset": 13})
-    assert str(e.value).count("D <= tunables.MAX_ROW_LENGTH") == 2
-    plan = plan_node(spec, shapes=shapes, dtypes=dtypes, device=best.info, node_label="qsm", attributes={"opset": 13},
-                     tunables={"MAX_ROW_LENGTH": 20000})
-    assert plan.variant == "fused"
+        plan(8 * 32768 + 1)
+    assert "segments <= 8" in str(e.value) and str(e.value).count("D <= tunables.MAX_ROW_LENGTH") == 2
 
 
 def test_qlinear_softmax_needs_the_opset_attribute(best):

@@ -98,7 +98,7 @@ def test_plan_reads_scales_and_sizes_and_renders_the_tables():
     p = _plan({"sizes": [1, 1, 8, 8]}, {"mode": "nearest"}, dtype="int64")
     tables, main = (render(pp) for pp in p.passes)
     assert tables.count("] = vec4<u32>(") == 2 * 8 // 4  # nearest: one offset per coordinate, no weights
-    assert "src * 2u + l % 2u" in main  # int64: two lanes per element
+    assert "load_x(src, l % 2u)" in main  # int64: two lanes per element
 
 
 @pytest.mark.parametrize("values,attrs,dtype,clause", [

@@ -24,7 +24,9 @@ _NP_NAME = {"float": "float32", "double": "float64"}
 def _schema_types(op: str, version: int, io_index: int, output: bool) -> set[str]:
     """Element type names onnx.defs allows for one input/output of the schema in force."""
     s = defs.get_schema(op, version, "")
-    formal = (s.outputs if output else s.inputs)[io_index]
+    formals = s.outputs if output else s.inputs
+    variadic = formals[-1].option == defs.OpSchema.FormalParameterOption.Variadic
+    formal = formals[min(io_index, len(formals) - 1)] if variadic else formals[io_index]
     allowed = next((tc.allowed_type_strs for tc in s.type_constraints if tc.type_param_str == formal.type_str),
                    [formal.type_str])
     names = set()
@@ -59,6 +61,10 @@ def test_every_schema_version_gets_the_table_types_onnx_defs_allows(op):
 def test_attribute_defaults_are_onnx_defaults(op):
     schema = defs.get_schema(op, 100, "")
     for name, default in ENTRIES[op]["attributes"].items():
+        if isinstance(default, dict):  # a required string attribute read as an enumeration
+            assert schema.attributes[name].required and default["required"] is True, name
+            assert SPECS.find("", op, 100).attributes[name].required
+            continue
         onnx_default = helper.get_attribute_value(schema.attributes[name].default_value)
         assert type(default) is type(onnx_default) and default == pytest.approx(onnx_default, rel=1e-7), name
         assert SPECS.find("", op, 100).attributes[name].default == default
@@ -153,3 +159,128 @@ def load_spec_from_base(tmp_path):
 def test_the_shipped_table_covers_ops_that_no_kernel_file_repeats():
     files = {json.loads(p.read_text())["name"] for p in templates_dir().glob("*.kernel.json")}
     assert not files & set(ENTRIES), files & set(ENTRIES)
+
+
+@pytest.mark.parametrize("change, field, reason", [
+    ({"final": 3}, "ops.Abs.final", "expected a WGSL expression"),
+    ({"expr": {"f32,x64": "a"}}, "ops.Abs.expr.f32,x64", "a register type"),
+])
+def test_table_errors_of_integer_rows(tmp_path, change, field, reason):
+    path = _copy_family(tmp_path, _table(**change))
+    with pytest.raises(SpecError) as e:
+        load_table(path)
+    assert e.value.field == field and reason in e.value.reason
+
+
+def _plan(op, version, dtypes, shapes, attributes=None, device=None):
+    from onnx_quant.backend_wgpu.device_info import DeviceInfo
+    from onnx_quant.backend_wgpu.planner import plan_node
+
+    return plan_node(SPECS.find("", op, version), shapes=shapes, dtypes=dtypes, device=device or DeviceInfo(),
+                     attributes=attributes)
+
+
+def test_operands_without_an_expression_are_declined_by_expr_ok():
+    from onnx_quant.errors import KernelRejected
+
+    shapes = {"a": [3], "b": [3], "c": [3]}
+    plan = _plan("Pow", 18, {"a": "int64", "b": "uint8", "c": "int64"}, shapes)
+    assert "oq_ipow_i64(a, b)" in plan.derived["exprs"]  # the i64,i32 key
+    with pytest.raises(KernelRejected, match="'exprOk' is false"):
+        _plan("Pow", 18, {"a": "int32", "b": "float32", "c": "int32"}, shapes)
+
+
+def test_a_string_attribute_is_an_enumeration():
+    spec = SPECS.find("", "BitShift", 28)
+    assert spec.attributes["direction"].required
+    plan = _plan("BitShift", 28, {"a": "int64", "b": "int64", "c": "int64"}, {"a": [2], "b": [2], "c": [2]},
+                 {"direction": "LEFT"})
+    assert plan.derived["enums"] == (("direction", ("LEFT", "RIGHT")),)
+    assert SPECS.find("", "BitShift", 27).type_constraints["T"] == ("uint8", "uint16", "uint32", "uint64")
+
+
+def test_nary_ops_bind_exactly_their_inputs_and_decline_past_the_binding_limit():
+    from onnx_quant.backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS, DeviceInfo
+    from onnx_quant.errors import KernelRejected
+
+    for n in (1, 3, 7):
+        shapes = {f"x{k}": [2, 3] for k in range(n)} | {"y": [2, 3]}
+        dtypes = {f"x{k}": "uint64" for k in range(n)} | {"y": "uint64"}
+        plan = _plan("Max", 13, dtypes, shapes)
+        assert plan.variant == f"inputs_{n}"
+        assert [b.var_name for b in plan.passes[0].bindings] == [f"x{k}" for k in range(n)] + ["y"]
+    shapes = {f"x{k}": [4] for k in range(8)} | {"y": [4]}
+    dtypes = {f"x{k}": "float32" for k in range(8)} | {"y": "float32"}
+    with pytest.raises(KernelRejected, match="9 <= device.limits.maxStorageBuffersPerShaderStage"):
+        _plan("Sum", 13, dtypes, shapes)  # WebGPU's default: 8 storage buffers
+    big = DeviceInfo(limits=dict(WEBGPU_DEFAULT_LIMITS, maxStorageBuffersPerShaderStage=16))
+    assert _plan("Sum", 13, dtypes, shapes, device=big).variant == "inputs_8"
+
+
+# ----------------------------------------------------------------------------- families with parts
+
+REDUCE = json.loads((templates_dir() / "reduce.ops.json").read_text())
+
+
+@pytest.mark.parametrize("op", sorted(REDUCE["ops"]))
+def test_reduce_table_specs_follow_onnx_defs_inputs_attributes_and_types(op):
+    """Each schema version's spec has exactly the inputs and attributes onnx.defs gives it (the
+    family's shared ones), and the row's types that version allows."""
+    entry = REDUCE["ops"][op]
+    family = REDUCE["families"][entry["family"]]
+    for version in [v for v in _versions(op) if v >= entry["since"]]:
+        spec = SPECS.find("", op, version)
+        assert spec is not None, (op, version)
+        schema = defs.get_schema(op, version, "")
+        assert list(spec.inputs) == list(family["inputs"])[:len(schema.inputs)], (op, version)
+        assert set(spec.attributes) == {a for a in family["attributes"] if a in schema.attributes}, (op, version)
+        for a in spec.attributes:
+            onnx_default = schema.attributes[a].default_value
+            if onnx_default.type:  # axes has no default in onnx.defs (empty: all axes)
+                assert spec.attributes[a].default == helper.get_attribute_value(onnx_default), (op, version, a)
+        expected = [t for t in entry["types"]["T"] if t in _schema_types(op, version, 0, False)]
+        assert list(spec.type_constraints["T"]) == expected, (op, version)
+    assert SPECS.find("", op, entry["since"] - 1) is None
+
+
+def test_parts_become_one_derived_list_each_and_an_optional_part_may_be_left_out():
+    spec = SPECS.find("", "ReduceSum", 13)
+    derived = spec.derive.as_dict()
+    assert derived["exprs_combine"].text == json.dumps(["*", "a + b"])
+    assert derived["exprs_shift"].text == "[]"
+    assert json.loads(SPECS.find("", "ReduceLogSumExp", 18).derive.as_dict()["exprs_shift"].text)[0] == "*"
+    assert spec.inputs["axes"].optional and spec.inputs["axes"].constant
+    assert spec.type_constraints["Tind"] == ("int64",)
+    assert "axes" not in SPECS.find("", "ReduceSum", 12).inputs
+
+
+def _reduce_table(tmp_path, **op):
+    for name in ("reduce.base.json", "reduce.wgsl.jinja"):
+        shutil.copy(templates_dir() / name, tmp_path / name)
+    fam = dict(REDUCE["families"]["reduce"])
+    entry = {"family": "reduce", "since": 1, "types": {"T": ["float32"]},
+             "expr": {"init": "0.0", "map": "a", "combine": "a + b", "finalize": "a"}, **op}
+    path = tmp_path / "r.ops.json"
+    path.write_text(json.dumps({"families": {"reduce": fam}, "ops": {"ReduceSum": entry}}))
+    return path
+
+
+@pytest.mark.parametrize("change, field, reason", [
+    ({"expr": {"init": "0.0", "map": "a", "combine": "a + b"}}, "ops.ReduceSum.expr", "missing part 'finalize'"),
+    ({"expr": {"init": "0.0", "map": "a", "combine": "a + b", "finalize": "a", "twist": "a"}},
+     "ops.ReduceSum.expr.twist", "unknown part"),
+    ({"expr": "a + b"}, "ops.ReduceSum.expr", "expected an object part -> expression"),
+    ({"types": {"T": ["float32"], "Tind": ["int64"]}}, "ops.ReduceSum.types", "expected the element types of ['T']"),
+])
+def test_part_errors_name_the_entry(tmp_path, change, field, reason):
+    path = _reduce_table(tmp_path, **change)
+    with pytest.raises(SpecError) as e:
+        load_table(path)
+    assert e.value.field == field and reason in e.value.reason, (e.value.field, e.value.reason)
+
+
+def test_a_table_of_parts_expands_per_version_where_inputs_or_attributes_change(tmp_path):
+    specs = load_table(_reduce_table(tmp_path))
+    # ReduceSum-1 and -11 take the same; 13 brings the axes input and noop_with_empty_axes
+    assert [(s.since_version, list(s.inputs), sorted(s.attributes)) for s in specs] == [
+        (1, ["x"], ["axes", "keepdims"]), (13, ["x", "axes"], ["keepdims", "noop_with_empty_axes"])]

@@ -26,14 +26,15 @@ def test_outcomes_of_rows():
         _row("c", "Hardmax", error="1 node(s) cannot run on the GPU: node 'h' (Hardmax): no GPU kernel for Hardmax at opset 13"),
         _row("d", "Cast", error="1 node(s) cannot run on the GPU: node 'c' (Cast): kernel Cast: 'x' is string"),
         _row("e", "Cast", error="internal error: ValueError: boom"),
+        _row("f", "LSTM", error="compiling the shader failed (kernel LSTM, variant v, pass main): GPUValidationError"),
     ]
-    assert [outcome(r) for r in rows] == ["pass", "wrong", "no kernel", "declined", "error"]
+    assert [outcome(r) for r in rows] == ["pass", "wrong", "no kernel", "declined", "error", "error"]
     summary = summarise(rows, [_row("a", "Relu", passed=True), _row("c", "Hardmax", passed=True)])
     by_op = {s.op_type: s for s in summary}
     assert (by_op["Relu"].cases, by_op["Relu"].passed, by_op["Relu"].wrong, by_op["Relu"].onnxruntime) == (2, 1, 1, 1)
     assert (by_op["Cast"].declined, by_op["Cast"].errors) == (1, 1)
     total = summary[-1]
-    assert total.op_type == "all" and total.cases == 5 and total.onnxruntime == 2
+    assert total.op_type == "all" and total.cases == 6 and total.onnxruntime == 2
     assert total.passed + total.wrong + total.declined + total.no_kernel + total.errors == total.cases
     assert summarise(rows)[-1].onnxruntime is None
 

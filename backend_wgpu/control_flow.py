@@ -1,0 +1,208 @@
+"""If, Loop and Scan: the host decides, the bodies run on the GPU.
+
+An ``If``, ``Loop`` or ``Scan`` (9 on; Scan-8's batch axis is not taken) node is a step of the host schedule (like a host node, but no host
+fallback): its inputs are read back (for a condition the plan folded, nothing is read), the host
+picks the branch or runs the loop's iterations, and each body runs through a
+:class:`~onnx_quant.backend_wgpu.session.Session` of its own on the same device, built once per
+body: the body graph as a model whose inputs are the body's own inputs and the outer-scope values
+it reads (the parent's initializers and Constants it reads become the body model's initializers,
+uploaded once). Its plans are cached like any session's, so a Loop's iterations compile nothing
+after the first. The body session inherits the parent's ``allow_host_fallback``: a body node no
+kernel takes is warned about or refused like any other.
+
+Costs (docs/backend.md, "Control flow"): one read-back of the step's inputs (the condition, the
+trip count and the values the body reads) and one upload of them into the body's plan; a Loop
+pays that per iteration. Outputs come back to the host and are uploaded where GPU nodes read them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from onnx_quant.backend_wgpu.graph_plan import CONTROL_WHY, NodeInfo, subgraph_reads  # noqa: F401 (re-exported)
+from onnx_quant.dtypes import element_type
+from onnx_quant.errors import ExecutionError, QuantError
+
+CONTROL_OPS = frozenset({"If", "Loop", "Scan"})
+#: iterations a Loop may run when neither its trip count nor its condition stops it sooner
+MAX_LOOP_ITERATIONS = 1_000_000
+
+
+def is_control(domain: str, op_type: str, version: int) -> bool:
+    return domain in ("", "ai.onnx") and op_type in CONTROL_OPS and (op_type != "Scan" or version >= 9)
+
+
+def _free_names(graph: onnx.GraphProto) -> list[str]:
+    """Outer-scope names a body reads, in first-use order."""
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    free: dict[str, None] = {}
+    for n in graph.node:
+        for x in list(n.input) + sorted(subgraph_reads(n)):
+            if x and x not in defined:
+                free[x] = None
+        defined |= {o for o in n.output if o}
+    for o in graph.output:
+        if o.name not in defined:
+            free[o.name] = None
+    return list(free)
+
+
+def _value_info(name: str, value: np.ndarray) -> onnx.ValueInfoProto:
+    """A graph input typed like ``value``, every dim anonymous (the body's plans bind them)."""
+    code = element_type(value.dtype).code
+    return helper.make_tensor_value_info(name, code, [None] * np.asarray(value).ndim)
+
+
+class ControlFlow:
+    """Runs one If or Loop node: :meth:`run` takes the node's feeds (its inputs and the outer
+    values its bodies read, by name) and returns its outputs."""
+
+    def __init__(self, info: NodeInfo, model: onnx.ModelProto, constants: Mapping[str, np.ndarray],
+                 make_session: Callable[[onnx.ModelProto], Any], absorb: Callable[[Mapping[str, Any]], None]):
+        self.info = info
+        self.model = model
+        self.constants = constants
+        self.make_session = make_session
+        self.absorb = absorb
+        self.bodies = {a.name: a.g for a in info.node.attribute if a.type == onnx.AttributeProto.GRAPH}
+        self._sessions: dict[str, tuple[Any, list[str]]] = {}
+
+    def body_sessions(self) -> list[Any]:
+        """The body sessions built so far (their host nodes are the node's)."""
+        return [session for session, _ in self._sessions.values()]
+
+    def _fail(self, what: str) -> ExecutionError:
+        return ExecutionError(f"node {self.info.label!r} ({self.info.node.op_type}): {what}")
+
+    def _body(self, attr: str, explicit: list[np.ndarray], outer: Mapping[str, Any]) -> tuple[Any, list[str]]:
+        """The body's Session (built on first use) and the names of its graph inputs."""
+        if attr in self._sessions:
+            return self._sessions[attr]
+        body = self.bodies.get(attr)
+        if body is None:
+            raise self._fail(f"has no {attr} graph")
+        g = onnx.GraphProto()
+        g.CopyFrom(body)
+        g.name = f"{self.info.label}_{attr}"
+        del g.input[:]
+        for decl, value in zip(body.input, explicit):
+            declared = decl.type.HasField("tensor_type") and decl.type.tensor_type.elem_type
+            g.input.append(decl if declared else _value_info(decl.name, value))
+        inputs = [i.name for i in body.input]
+        for name in _free_names(body):
+            if name in self.constants:  # a weight of the parent: uploaded once, with the body's plans
+                g.initializer.append(numpy_helper.from_array(np.asarray(self.constants[name]), name))
+            elif name in outer:
+                g.input.append(_value_info(name, np.asarray(outer[name])))
+                inputs.append(name)
+            else:
+                raise self._fail(f"its {attr} reads {name!r}, which the outer graph does not give it")
+        for o in g.output:  # the branch's plans decide the shapes; types as declared
+            if o.type.HasField("tensor_type"):
+                o.type.tensor_type.ClearField("shape")
+        imports = list(self.model.opset_import)
+        child = helper.make_model(g, opset_imports=imports, ir_version=self.model.ir_version,
+                                  functions=list(self.model.functions))
+        try:
+            session = self.make_session(child)
+        except QuantError as e:
+            raise self._fail(f"its {attr} cannot run: {e}") from None
+        self._sessions[attr] = (session, inputs)
+        return self._sessions[attr]
+
+    def _run_body(self, attr: str, explicit: list[np.ndarray], outer: Mapping[str, Any]) -> list[np.ndarray]:
+        session, names = self._body(attr, explicit, outer)
+        feeds = dict(zip(names, explicit))
+        feeds.update({n: outer[n] for n in names[len(explicit):]})
+        try:
+            outs = session.run(None, feeds)
+        except QuantError as e:
+            raise self._fail(f"{attr}: {e}") from None
+        self.absorb(session.last_run_stats)
+        return outs
+
+    def run(self, feeds: Mapping[str, Any]) -> list[Any]:
+        node = self.info.node
+        if node.op_type == "If":
+            cond = np.asarray(feeds[node.input[0]])
+            if cond.size != 1:
+                raise self._fail(f"the condition has {cond.size} elements, expected 1")
+            return self._run_body("then_branch" if bool(cond.reshape(-1)[0]) else "else_branch", [], feeds)
+        if node.op_type == "Scan":
+            return self._scan(feeds)
+        return self._loop(feeds)
+
+    def _scan(self, feeds: Mapping[str, Any]) -> list[Any]:
+        """Scan-9 on: the scan inputs sliced along their axes (reversed where asked), the state
+        carried, the scan outputs stacked along theirs."""
+        node = self.info.node
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.type != onnx.AttributeProto.GRAPH}
+        m = int(attrs["num_scan_inputs"])
+        values = [np.asarray(feeds[n]) for n in node.input]
+        state, xs = values[:len(values) - m], values[len(values) - m:]
+        in_axes = [a % x.ndim if x.ndim else 0 for a, x in zip(attrs.get("scan_input_axes", [0] * m), xs)]
+        in_dirs = list(attrs.get("scan_input_directions", [0] * m))
+        steps = {x.shape[a] for x, a in zip(xs, in_axes)}
+        if len(steps) != 1:
+            raise self._fail(f"the scan inputs have {sorted(steps)} steps along their axes, expected one count")
+        n_steps = steps.pop()
+        collected: list[list[np.ndarray]] = []
+        for t in range(n_steps):
+            slices = [np.take(x, n_steps - 1 - t if d else t, axis=a) for x, a, d in zip(xs, in_axes, in_dirs)]
+            outs = self._run_body("body", [*state, *slices], feeds)
+            state = [np.asarray(o) for o in outs[:len(state)]]
+            if not collected:
+                collected = [[] for _ in outs[len(state):]]
+            for k, o in enumerate(outs[len(state):]):
+                collected[k].append(np.asarray(o))
+        k_out = len(node.output) - len(state)
+        out_axes = list(attrs.get("scan_output_axes", [0] * k_out))
+        out_dirs = list(attrs.get("scan_output_directions", [0] * k_out))
+        scans = []
+        for k in range(k_out):
+            items = collected[k] if collected else []
+            if not items:
+                raise self._fail("a scan output of zero steps has no shape to take")
+            if out_dirs[k]:
+                items = items[::-1]
+            scans.append(np.stack(items, axis=out_axes[k] % (items[0].ndim + 1)))
+        return state + scans
+
+    def _loop(self, feeds: Mapping[str, Any]) -> list[Any]:
+        node = self.info.node
+        ins = list(node.input) + [""] * max(0, 2 - len(node.input))
+        trips = None if not ins[0] else int(np.asarray(feeds[ins[0]]).reshape(-1)[0])
+        cond = True if not ins[1] else bool(np.asarray(feeds[ins[1]]).reshape(-1)[0])
+        carried = [np.asarray(feeds[n]) for n in ins[2:]]
+        body = self.bodies.get("body")
+        if body is None:
+            raise self._fail("has no body graph")
+        n_scan = len(body.output) - 1 - len(carried)
+        scans: list[list[np.ndarray]] = [[] for _ in range(max(0, n_scan))]
+        i = 0
+        limit = MAX_LOOP_ITERATIONS if trips is None else trips
+        if trips is None and not ins[1]:
+            raise self._fail("neither a trip count nor a condition: it would never stop")
+        while i < limit and cond:
+            if i >= MAX_LOOP_ITERATIONS:
+                raise self._fail(f"more than {MAX_LOOP_ITERATIONS} iterations")
+            explicit = [np.array(i, np.int64), np.array(cond, np.bool_), *carried]
+            outs = self._run_body("body", explicit, feeds)
+            cond = bool(np.asarray(outs[0]).reshape(-1)[0])
+            carried = [np.asarray(o) for o in outs[1:1 + len(carried)]]
+            for k, o in enumerate(outs[1 + len(carried):]):
+                scans[k].append(np.asarray(o))
+            i += 1
+        stacked = []
+        for k, values in enumerate(scans):
+            if values:
+                stacked.append(np.stack(values))
+            else:  # no iteration: an empty scan of the declared element type
+                decl = body.output[1 + len(carried) + k].type.tensor_type
+                dtype = element_type(decl.elem_type).dtype if decl.elem_type else np.float32
+                stacked.append(np.zeros((0,), dtype))
+        return carried + stacked

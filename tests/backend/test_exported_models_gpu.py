@@ -1,0 +1,93 @@
+"""The real-architecture models of onnx_quant.exported_models (YOLO head, paddle2onnx MobileNetV3,
+torch transformer block, CRNN with a bidirectional LSTM, the If/Loop voice-activity model) in float,
+QOperator, QDQ and dynamic form, on the GPU against onnxruntime CPU on the same inputs.
+
+Each variant runs with ``allow_host_fallback=False`` unless :data:`HOST` names the op types it still
+needs the host for (then with fallback, those exactly); :data:`REFUSED` names what no session can
+run. Agreement: ``max|diff| <= rtol * max|expected|`` with ``FLOAT_RTOL`` for float and dynamic forms
+(float32 sums in another order; the dynamic forms' integer parts are exact) and ``STATIC_RTOL`` for
+QOperator and QDQ (a requantization that lands on a rounding boundary may move one element a
+quantization step; QDQ runs fused, as optimized onnxruntime does, and is compared with it).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+from onnx_quant import exported_models as em
+
+FLOAT_RTOL = 1e-4
+STATIC_RTOL = 2e-2
+CASES = [f"{name}-{form}" for name in em.MODELS for form in em.FORMS]
+
+#: op types a variant still runs on the host, and why
+HOST = {
+    # int64 Concat of the grid shapes, Resize, and NonZero (a data-dependent output size)
+    **{f"yolo_head-{f}": {"Concat", "NonZero", "Resize"} for f in em.FORMS},
+    # the LSTM's zero initial states
+    **{f"crnn-{f}": {"ConstantOfShape"} for f in ("float", "qoperator", "qdq")},
+}
+#: variants no session can run: what refuses them
+REFUSED = {"crnn-dynamic": "com.microsoft::DynamicQuantizeLSTM"}
+
+
+def _model(case):
+    name, form = case.rsplit("-", 1)
+    logging.getLogger().setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = em.build(name, form)
+    return model, em.feeds(model, em.MODELS[name][1], seed=1)
+
+
+def _onnxruntime(model, feeds, optimized):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if not optimized:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c not in REFUSED])
+def test_exported_model_on_the_gpu_matches_onnxruntime(best, case):
+    from onnx_quant.backend_wgpu.session import Session
+
+    model, feeds = _model(case)
+    host = HOST.get(case, set())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Session(model, device=best, allow_host_fallback=bool(host)) as s:
+            got = s.run(None, feeds)
+            ran_on_host = {re.sub(r".*\((.*)\)$", r"\1", h) for h in s.host_nodes}
+    assert ran_on_host == host, ran_on_host
+    quantized = case.endswith(("-qoperator", "-qdq"))
+    want = _onnxruntime(model, feeds, optimized=case.endswith("-qdq"))
+    rtol = STATIC_RTOL if quantized else FLOAT_RTOL
+    for g, w in zip(got, want):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.shape == w.shape and g.dtype == w.dtype
+        if g.dtype.kind in "iub":
+            assert np.array_equal(g, w)
+            continue
+        scale = float(np.abs(w.astype(np.float64)).max(initial=0))
+        assert float(np.abs(g.astype(np.float64) - w).max(initial=0)) <= rtol * scale + 1e-6
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_exported_model_no_session_can_run_is_refused(best, case):
+    from onnx_quant.backend_wgpu.session import Session
+    from onnx_quant.errors import ExecutionError
+
+    model, feeds = _model(case)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ExecutionError, match=re.escape(REFUSED[case])):
+            with Session(model, device=best) as s:
+                s.run(None, feeds)
