@@ -84,47 +84,47 @@ def check_close(got, expected, what):
 
 @pytest.mark.parametrize("ctm", CTMS)
 @pytest.mark.parametrize("nearest_mode", NEAREST)
-def test_nearest_every_mode_on_a_grid_bit_for_bit(best, ctm, nearest_mode):
+def test_nearest_every_mode_on_a_grid_bit_for_bit(dev, ctm, nearest_mode):
     for k, (hw_in, hw_out) in enumerate(GRID):
         x = data((1, 2, *hw_in), seed=k)
         for by_sizes in (False, True):
             model = resize_model(np.float32, mode="nearest", nearest_mode=nearest_mode,
                                  coordinate_transformation_mode=ctm, extrapolation_value=-7.5,
                                  **inputs_for(hw_in, hw_out, by_sizes, ctm))
-            assert_same_bits(run(best, model, x), reference(model, x), f"{ctm} {nearest_mode} {hw_in}->{hw_out}")
+            assert_same_bits(run(dev, model, x), reference(model, x), f"{ctm} {nearest_mode} {hw_in}->{hw_out}")
 
 
 @pytest.mark.parametrize("ctm", CTMS)
 @pytest.mark.parametrize("mode,extra", [("linear", {}), ("linear", {"antialias": 1}), ("cubic", {}),
                                         ("cubic", {"exclude_outside": 1, "cubic_coeff_a": -0.5}),
                                         ("cubic", {"antialias": 1})])
-def test_linear_and_cubic_on_a_grid_within_onnx_rule(best, ctm, mode, extra):
+def test_linear_and_cubic_on_a_grid_within_onnx_rule(dev, ctm, mode, extra):
     worst = 0.0
     for k, (hw_in, hw_out) in enumerate(GRID):
         x = data((1, 2, *hw_in), seed=10 + k)
         for by_sizes in (False, True):
             model = resize_model(np.float32, mode=mode, coordinate_transformation_mode=ctm, extrapolation_value=3.25,
                                  **extra, **inputs_for(hw_in, hw_out, by_sizes, ctm))
-            worst = max(worst, check_close(run(best, model, x), reference(model, x),
+            worst = max(worst, check_close(run(dev, model, x), reference(model, x),
                                            f"{mode} {extra} {ctm} {hw_in}->{hw_out}"))
     key = f"{mode} {extra}"
     MEASURED[key] = max(MEASURED.get(key, 0.0), worst)
     assert worst < 1e-6, (key, ctm, worst)
 
 
-def test_float16_linear_and_cubic(best):
+def test_float16_linear_and_cubic(dev):
     for mode in ("linear", "cubic"):
         x = data((1, 2, 5, 6), np.float16, seed=3)
         model = resize_model(np.float16, mode=mode, sizes=np.array([1, 2, 9, 4], np.int64))
-        check_close(run(best, model, x), reference(model, x), f"float16 {mode}")
+        check_close(run(dev, model, x), reference(model, x), f"float16 {mode}")
 
 
 @pytest.mark.parametrize("dtype", TYPES, ids=lambda t: np.dtype(t).name)
-def test_nearest_moves_the_bits_of_every_type(best, dtype):
+def test_nearest_moves_the_bits_of_every_type(dev, dtype):
     x = typed((2, 3, 4, 5), dtype, seed=4)
     model = resize_model(dtype, mode="nearest", nearest_mode="round_prefer_ceil",
                          scales=np.array([1, 1, 1.75, 0.6], np.float32))
-    got = run(best, model, x)
+    got = run(dev, model, x)
     # the reference's picks, by position: resize the element positions as float32 (exact below 2^24)
     pos = np.arange(x.size, dtype=np.float32).reshape(x.shape)
     picks = reference(resize_model(np.float32, mode="nearest", nearest_mode="round_prefer_ceil",
@@ -133,79 +133,79 @@ def test_nearest_moves_the_bits_of_every_type(best, dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int32, np.float64])
-def test_interpolation_of_other_types_is_declined(best, dtype):
+def test_interpolation_of_other_types_is_declined(dev, dtype):
     from onnx_quant.errors import ExecutionError
 
     model = resize_model(dtype, mode="linear", scales=np.array([1, 1, 2, 2], np.float32))
     with pytest.raises(ExecutionError, match="typeOk"):
-        run(best, model, np.ones((1, 1, 2, 2), dtype))
+        run(dev, model, np.ones((1, 1, 2, 2), dtype))
 
 
 @pytest.mark.parametrize("policy", ["stretch", "not_larger", "not_smaller"])
 @pytest.mark.parametrize("axes", [[2, 3], [3, 2], [3], [1, 3]])
-def test_axes_and_keep_aspect_ratio_policy(best, policy, axes):
+def test_axes_and_keep_aspect_ratio_policy(dev, policy, axes):
     x = data((1, 3, 4, 6), seed=5)
     sizes = np.array([7, 3][: len(axes)] if len(axes) > 1 else [9], np.int64)
     for mode in ("nearest", "linear"):
         model = resize_model(np.float32, mode=mode, axes=axes, keep_aspect_ratio_policy=policy, sizes=sizes)
-        got, expected = run(best, model, x), reference(model, x)
+        got, expected = run(dev, model, x), reference(model, x)
         if mode == "nearest":
             assert_same_bits(got, expected, f"{axes} {policy}")
         else:
             check_close(got, expected, f"{axes} {policy} linear")
     model = resize_model(np.float32, mode="cubic", axes=axes, scales=np.array([1.5, 0.5][: len(axes)], np.float32))
-    check_close(run(best, model, x), reference(model, x), f"{axes} cubic scales")
+    check_close(run(dev, model, x), reference(model, x), f"{axes} cubic scales")
 
 
-def test_negative_axes_count_from_the_end(best):
+def test_negative_axes_count_from_the_end(dev):
     # (onnx.reference cannot take them: it transposes by the negative axis)
     x = data((1, 3, 4, 6), seed=9)
     for mode in ("nearest", "cubic"):
-        got = [run(best, resize_model(np.float32, mode=mode, axes=axes, sizes=np.array([3, 9], np.int64)), x)
+        got = [run(dev, resize_model(np.float32, mode=mode, axes=axes, sizes=np.array([3, 9], np.int64)), x)
                for axes in ([-2, -1], [2, 3])]
         assert_same_bits(got[0], got[1], f"{mode} axes -2, -1")
 
 
-def test_tf_crop_and_resize_with_axes_roi(best):
+def test_tf_crop_and_resize_with_axes_roi(dev):
     x = data((1, 1, 5, 5), seed=6)
     for axes in ([2, 3], [3, 2]):
         model = resize_model(np.float32, mode="linear", axes=axes, coordinate_transformation_mode="tf_crop_and_resize",
                              roi=np.array([0.1, -0.2, 0.8, 1.1], np.float32), sizes=np.array([4, 6], np.int64),
                              extrapolation_value=9.0)
-        check_close(run(best, model, x), reference(model, x), f"tf_crop axes {axes}")
+        check_close(run(dev, model, x), reference(model, x), f"tf_crop axes {axes}")
 
 
 @pytest.mark.parametrize("opset", [11, 13, 18])
-def test_earlier_versions(best, opset):
+def test_earlier_versions(dev, opset):
     x = data((1, 2, 4, 5), seed=7)
     roi = np.array([], np.float32)
     for mode in ("nearest", "linear", "cubic"):
         kw = {"roi": roi} if opset == 11 else {}
         model = resize_model(np.float32, opset=opset, mode=mode, coordinate_transformation_mode="pytorch_half_pixel",
                              scales=np.array([1, 1, 2.5, 0.7], np.float32), **kw)
-        got, expected = run(best, model, x), reference(model, x)
+        got, expected = run(dev, model, x), reference(model, x)
         if mode == "nearest":
             assert_same_bits(got, expected, f"Resize-{opset} nearest")
         else:
             check_close(got, expected, f"Resize-{opset} {mode}")
 
 
-def test_versions_decline_what_they_lack(best):
+def test_versions_decline_what_they_lack(dev):
     from onnx_quant.errors import ExecutionError
 
     x = data((1, 1, 2, 2))
     model = resize_model(np.float32, opset=18, mode="linear", coordinate_transformation_mode="half_pixel_symmetric",
                          scales=np.array([1, 1, 2, 2], np.float32))
     with pytest.raises(ExecutionError, match="ctmKnown"):
-        run(best, model, x)
+        run(dev, model, x)
     model = resize_model(np.float32, opset=19, mode="nearest", antialias=1, scales=np.array([1, 1, 2, 2], np.float32))
     with pytest.raises(ExecutionError, match="antialiasOn"):
-        run(best, model, x)
+        run(dev, model, x)
 
 
 @pytest.mark.parametrize("mode", ["nearest", "linear"])
 @pytest.mark.parametrize("scales", [[1, 1, 2, 3], [1, 1, 0.6, 1.5], [1, 1, 1.7, 0.45], [1, 2, 1, 2]])
-def test_resize_10_and_upsample_as_onnxruntime(best, mode, scales):
+def test_resize_10_and_upsample_as_onnxruntime(dev, mode, scales):
     if mode == "linear" and scales[1] != 1:
         pytest.skip("onnxruntime's linear Upsample takes 4-D inputs only with their outer scales 1")
     x = data((1, 2, 5, 4), seed=8)
@@ -218,7 +218,7 @@ def test_resize_10_and_upsample_as_onnxruntime(best, mode, scales):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
         models.append(helper.make_model(g, opset_imports=[helper.make_opsetid("", 7)]))
     for model in models:
-        got, expected = run(best, model, x), ort_run(model, {"x": x})[0]
+        got, expected = run(dev, model, x), ort_run(model, {"x": x})[0]
         what = f"{model.graph.node[0].op_type}-{model.opset_import[0].version} {mode} {scales}"
         if mode == "nearest":
             assert_same_bits(got, expected, what)
@@ -229,10 +229,10 @@ def test_resize_10_and_upsample_as_onnxruntime(best, mode, scales):
 
 
 @pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
-def test_a_larger_resize(best, mode):
+def test_a_larger_resize(dev, mode):
     x = data((1, 2, 64, 80), seed=12)
     model = resize_model(np.float32, mode=mode, sizes=np.array([1, 2, 200, 150], np.int64))
-    got, expected = run(best, model, x), reference(model, x)
+    got, expected = run(dev, model, x), reference(model, x)
     if mode == "nearest":
         assert_same_bits(got, expected, "nearest 64x80 -> 200x150")
     else:

@@ -1,7 +1,8 @@
 """DepthToSpace and SpaceToDepth on the GPU (templates/space_depth.base.json over
 strided-gather.wgsl.jinja): bit for bit with onnx.reference and numpy's reshape/transpose for
 every element type with a device layout (64-bit types as two words, 16- and 8-bit packed), both
-modes, every schema version; ONNX's node cases pass with no host fallback."""
+modes, every schema version; ONNX's node cases pass with no host fallback. On both lavapipe adapters
+(conftest's ``dev``: Vulkan, then OpenGL where present)."""
 
 from __future__ import annotations
 
@@ -47,42 +48,42 @@ def space_to_depth(x, b, mode):
 
 @pytest.mark.parametrize("dtype", TYPES, ids=lambda t: np.dtype(t).name)
 @pytest.mark.parametrize("mode", ["DCR", "CRD"])
-def test_depth_to_space_every_type(best, dtype, mode):
+def test_depth_to_space_every_type(dev, dtype, mode):
     x = typed((2, 12, 3, 5), dtype, seed=1)
     model = node_model("DepthToSpace", [("x", x)], ["y"], attrs={"blocksize": 2, "mode": mode}, opset=13)
-    (got,), plan = run_node(best, model, {"x": x})
+    (got,), plan = run_node(dev, model, {"x": x})
     assert_same_bits(got, depth_to_space(x, 2, mode), f"DepthToSpace {mode}")
     assert_same_bits(got, ref_run(model, {"x": x})[0], "vs onnx.reference")
 
 
 @pytest.mark.parametrize("dtype", TYPES, ids=lambda t: np.dtype(t).name)
 @pytest.mark.parametrize("mode", ["DCR", "CRD"])
-def test_space_to_depth_every_type(best, dtype, mode):
+def test_space_to_depth_every_type(dev, dtype, mode):
     x = typed((2, 3, 6, 9), dtype, seed=2)
     model = node_model("SpaceToDepth", [("x", x)], ["y"], attrs={"blocksize": 3, "mode": mode}, opset=28)
-    (got,), _ = run_node(best, model, {"x": x})
+    (got,), _ = run_node(dev, model, {"x": x})
     assert_same_bits(got, space_to_depth(x, 3, mode), f"SpaceToDepth {mode}")
     assert_same_bits(got, ref_run(model, {"x": x})[0], "vs onnx.reference")
 
 
 @pytest.mark.parametrize("op,opset", [("DepthToSpace", 1), ("DepthToSpace", 11), ("SpaceToDepth", 1), ("SpaceToDepth", 13)])
-def test_versions_before_mode_use_dcr(best, op, opset):
+def test_versions_before_mode_use_dcr(dev, op, opset):
     x = typed((1, 8, 4, 6), np.int64, seed=3)
     attrs = {"blocksize": 2, **({"mode": "CRD"} if opset == 11 else {})}
     model = node_model(op, [("x", x)], ["y"], attrs=attrs, opset=opset)
-    (got,), _ = run_node(best, model, {"x": x})
+    (got,), _ = run_node(dev, model, {"x": x})
     fn = depth_to_space if op == "DepthToSpace" else space_to_depth
     assert_same_bits(got, fn(x, 2, attrs.get("mode", "DCR")), f"{op}-{opset}")
 
 
-def test_mode_attribute_declined_where_the_schema_has_none_and_bad_blocks_declined(best):
+def test_mode_attribute_declined_where_the_schema_has_none_and_bad_blocks_declined(dev):
     from onnx_quant.backend_wgpu.planner import plan_node
     from onnx_quant.errors import KernelRejected
     from test_float_kernels_gpu import registry
 
     def plan(op, opset, x_shape, y_shape, attrs):
         return plan_node(registry().find("", op, opset), shapes={"x": x_shape, "y": y_shape},
-                         dtypes={"x": "float32", "y": "float32"}, device=best.info, attributes=attrs)
+                         dtypes={"x": "float32", "y": "float32"}, device=dev.info, attributes=attrs)
 
     with pytest.raises(KernelRejected, match="mode"):
         plan("SpaceToDepth", 13, (1, 8, 4, 6), (1, 32, 2, 3), {"blocksize": 2, "mode": "DCR"})
@@ -95,7 +96,7 @@ def test_mode_attribute_declined_where_the_schema_has_none_and_bad_blocks_declin
     assert plan("SpaceToDepth", 28, (1, 6, 4, 6), (1, 24, 2, 3), {"blocksize": 2, "mode": "CRD"}).variant
 
 
-def test_node_cases_pass_on_the_gpu(best):
+def test_node_cases_pass_on_the_gpu(dev):
     from conftest import assert_node_cases_pass_or_declined
 
-    assert_node_cases_pass_or_declined(best, ("DepthToSpace", "SpaceToDepth"), {}, at_least=12)  # expansions too
+    assert_node_cases_pass_or_declined(dev, ("DepthToSpace", "SpaceToDepth"), {}, at_least=12)  # expansions too
