@@ -9,6 +9,8 @@ resize.wgsl.jinja; per-axis tables from backend_wgpu/resize_taps.py).
   float16 is declined (onnx.reference rounds float64 sums there: not reproducible in float32);
 - axes and keep_aspect_ratio_policy; the earlier versions; Resize-10 and Upsample as
   onnxruntime computes them (onnx.reference has no Resize-10 and only integer Upsample).
+
+On both lavapipe adapters (conftest's ``dev``: Vulkan, then OpenGL where present).
 """
 
 from __future__ import annotations
