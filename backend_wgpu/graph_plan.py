@@ -150,17 +150,25 @@ MAX_VALUE_KEY_ELEMENTS = 64
 VALUE_KEY_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16,
                              onnx.TensorProto.INT8, onnx.TensorProto.UINT64, onnx.TensorProto.UINT32,
                              onnx.TensorProto.UINT16, onnx.TensorProto.UINT8, onnx.TensorProto.BOOL})
+#: float types keyed only where the input is itself a kernel's constant input
+VALUE_KEY_FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
+                                   onnx.TensorProto.BFLOAT16})
 
 
 def value_keyed_inputs(nodes: Sequence[NodeInfo], values: Mapping[str, Any], inputs: Sequence[str]) -> tuple[str, ...]:
     """Graph inputs whose contents a plan for these input shapes needs: small integer inputs
+    (and small float inputs that are a kernel's constant input themselves)
     that feed (through any nodes) a node whose inputs all have known shapes but which still
     lacks what planning needs, an output shape (Slice's starts, Expand's shape, Range's limit
     fed as graph inputs) or a constant input of its kernel (``values.<name>``). Planning for
     their values (the plan keyed on them) lets inference fold the shapes, as onnxruntime reads
     such inputs on the CPU. Empty when the shapes alone suffice."""
     producer = {o: info for info in nodes for o in info.node.output if o}
-    candidates = {n for n in inputs if _small_integer(values.get(n))}
+    # float inputs too where they feed a kernel's constant input directly (Resize's scales,
+    # Range's start): the kernel reads them at plan time as onnxruntime's WebGPU EP does
+    const_fed = {n for info in nodes for n in _constant_input_names(info)}
+    candidates = {n for n in inputs if _small_integer(values.get(n))
+                  or (n in const_fed and _small_number(values.get(n)))}
     if not candidates:
         return ()
     wanted: set[str] = set()
@@ -194,6 +202,12 @@ def value_keyed_inputs(nodes: Sequence[NodeInfo], values: Mapping[str, Any], inp
 def _small_integer(info: Any) -> bool:
     shape = concrete(getattr(info, "shape", None))
     return (info is not None and info.elem_type in VALUE_KEY_TYPES and shape is not None
+            and math.prod(shape) <= MAX_VALUE_KEY_ELEMENTS)
+
+
+def _small_number(info: Any) -> bool:
+    shape = concrete(getattr(info, "shape", None))
+    return (info is not None and info.elem_type in VALUE_KEY_FLOAT_TYPES and shape is not None
             and math.prod(shape) <= MAX_VALUE_KEY_ELEMENTS)
 
 

@@ -457,11 +457,26 @@ def _attribute_value(v: Any) -> Any:
         return v
     if hasattr(v, "item") and getattr(v, "shape", None) == ():  # numpy scalar
         return _attribute_value(v.item())
+    if hasattr(v, "data_type") and hasattr(v, "dims"):  # a TensorProto (ConstantOfShape's value)
+        from onnx import numpy_helper  # noqa: PLC0415
+
+        a = numpy_helper.to_array(v)
+        if a.dtype.kind not in "biuf" and a.dtype.name not in _ML_TYPES:
+            raise TypeError(f"{a.dtype} tensor")
+        ints = a.dtype.kind in "biu" or a.dtype.name.startswith(("int", "uint"))
+        items = [int(x) if ints else (x.item() if a.dtype.kind == "f" else float(x)) for x in a.reshape(-1)]
+        return _attribute_value(items[0] if a.size == 1 and a.ndim <= 1 else items)
     if isinstance(v, (list, tuple)):
         out = tuple(_attribute_value(x) for x in v)
         if all(isinstance(x, (int, float)) for x in out) or all(isinstance(x, str) for x in out):
             return out
     raise TypeError(type(v).__name__)
+
+
+#: ml_dtypes types (numpy kind 'V'): their values convert to Python floats / ints exactly
+_ML_TYPES = frozenset({"bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
+                       "float8_e8m0fnu", "float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn",
+                       "int4", "uint4", "int2", "uint2"})
 
 
 def _node_attributes(spec: KernelSpec, attributes: Mapping[str, Any] | None, where: "_Where") -> dict[str, Any]:

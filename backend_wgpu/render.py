@@ -9,6 +9,14 @@ The render context is the pass plan's ``context`` (see ``plan.py`` and the contr
 ``docs/backend.md``); ``render`` checks that its ``bindings`` list agrees with the pass's
 ``BindingPlan`` tuple (index, name, access, element type), since the shader declares its
 bindings from the former and the executor binds buffers from the latter.
+
+Templates get these globals: ``oq_fail(message)`` (fail the render naming the problem),
+``oq_value_lanes(value, dtype)`` (the device lanes of one value of an element type: a constant
+a kernel writes, e.g. ConstantOfShape's value, EyeLike's one), ``oq_rounded(value, dtype)`` (a
+Python float rounded to an element type, for plan-time arithmetic that must follow a
+reference computing in that type), and ``oq_resize_axes``, ``oq_tap_table`` and
+``oq_saturated_words`` (``resize_taps.py``): Resize's per-axis tables, computed in float64 as
+onnx.reference does.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from typing import Any, Mapping
 
 import jinja2
 
+from onnx_quant.backend_wgpu import resize_taps
 from onnx_quant.backend_wgpu.plan import BindingPlan, PassPlan
 from onnx_quant.errors import DeviceError
 
@@ -45,6 +54,16 @@ def _value_lanes(value: float, dtype: str) -> list[int]:
     return words[:2] if element_type(dtype).bits == 64 else words[:1]
 
 
+def _rounded(value: float, dtype: str) -> float:
+    """``value`` rounded to element type ``dtype`` (numpy's conversion: nearest even), as a
+    Python float: what a reference computing in that type holds."""
+    import numpy as np  # noqa: PLC0415
+
+    from onnx_quant.backend_wgpu.packing import etype  # noqa: PLC0415
+
+    return float(np.array([value], np.float64).astype(etype(dtype).dtype)[0])
+
+
 def templates_dir() -> Path:
     """The installed ``templates`` package directory."""
     return Path(str(importlib.resources.files("onnx_quant.templates")))
@@ -62,6 +81,10 @@ def environment() -> jinja2.Environment:
     )
     env.globals["oq_fail"] = _fail
     env.globals["oq_value_lanes"] = _value_lanes
+    env.globals["oq_rounded"] = _rounded
+    env.globals["oq_resize_axes"] = resize_taps.resize_axes
+    env.globals["oq_tap_table"] = resize_taps.tap_table
+    env.globals["oq_saturated_words"] = resize_taps.saturated_words
     return env
 
 

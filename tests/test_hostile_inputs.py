@@ -392,8 +392,8 @@ def test_host_work_beyond_the_budget_is_refused_before_it_is_allocated(best, op,
     from onnx_quant.backend_wgpu.spec import SpecRegistry, load_specs
 
     model = big_output_model(op)
-    # Tile and Expand have GPU kernels: a registry without them makes the node host work
-    host_specs = SpecRegistry(s for s in load_specs() if s.name not in ("Tile", "Expand"))
+    # Tile, Expand and ConstantOfShape have GPU kernels: a registry without them makes the node host work
+    host_specs = SpecRegistry(s for s in load_specs() if s.name not in ("Tile", "Expand", "ConstantOfShape"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         s = Session(model, device=best, memory_budget="1G", specs=host_specs)
@@ -402,9 +402,10 @@ def test_host_work_beyond_the_budget_is_refused_before_it_is_allocated(best, op,
             s.run(None, {"x": np.ones(2, dtype=np.float32)})
     assert time.perf_counter() - t0 < 10
     code, lines = cli("run", str(save(model, tmp_path / "m.onnx")), "--random", env={"ONNX_QUANT_MEMORY_BUDGET": "1G"})
-    # a GPU Tile of 16 GiB is refused for the device's storage limit (a run failure, exit 1), never sent to
-    # the host; Expand's 8 TiB output is refused by the plan-time budget check before that
-    on_gpu = op == "Tile"
+    # a GPU Tile of 16 GiB or ConstantOfShape of 4 GiB is refused for the device's storage limit (a run
+    # failure, exit 1), never sent to the host; Expand's 8 TiB output is refused by the plan-time budget
+    # check before that
+    on_gpu = op in ("Tile", "ConstantOfShape")
     assert code == (1 if on_gpu else 2)
     one_error_line(lines, "run", f"node '{node}'", "more than this device allows" if on_gpu else f"needs {nbytes} bytes")
 

@@ -27,10 +27,9 @@ CASES = [f"{name}-{form}" for name in em.MODELS for form in em.FORMS]
 
 #: op types a variant still runs on the host, and why
 HOST = {
-    # int64 Concat of the grid shapes, Resize, and NonZero (a data-dependent output size)
-    **{f"yolo_head-{f}": {"Concat", "NonZero", "Resize"} for f in em.FORMS},
-    # the LSTM's zero initial states
-    **{f"crnn-{f}": {"ConstantOfShape"} for f in ("float", "qoperator", "qdq")},
+    # int64 Concat of the grid shapes and NonZero (a data-dependent output size); Resize and
+    # ConstantOfShape (the CRNN LSTM's zero initial states) left with their kernels
+    **{f"yolo_head-{f}": {"Concat", "NonZero"} for f in em.FORMS},
 }
 #: variants no session can run: what refuses them
 REFUSED = {"crnn-dynamic": "com.microsoft::DynamicQuantizeLSTM"}
