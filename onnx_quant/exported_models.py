@@ -18,6 +18,10 @@ nodes and ``Shape`` arithmetic as written by the exporter, not folded:
 - :func:`crnn`: a text recogniser: convolutions to height 1, ``Squeeze``, bidirectional
   ``LSTM`` whose initial states come from ``ConstantOfShape`` of a computed shape,
   ``LogSoftmax`` over ``[T, N, classes]``;
+- :func:`dbnet`: a paddle2onnx DBNet text detector: a strided backbone, an FPN neck whose
+  top-down path and level fusion upsample with ``Resize`` (nearest, asymmetric, ``Constant``
+  scales, an empty ``roi``), ``Concat`` of the levels, and a head that upsamples back to the
+  input's size with two ``ConvTranspose`` (BatchNormalization not folded, ``?`` dims);
 - :func:`vad_state`: an LSTM-state voice-activity model (silero-vad-like): an ``If`` whose
   condition folds (the state's leading dim), a ``Loop`` over frames whose trip count is a
   ``Shape`` value, carrying a state and scanning out per-frame probabilities.
@@ -174,6 +178,48 @@ def mobilenet_v3(*, channels: int = 8, classes: int = 5, seed: int = 0) -> onnx.
                    "onnx-quant exported models: MobileNetV3 block (paddle2onnx idioms)")
 
 
+# ------------------------------------------------------------------ DBNet (paddle2onnx)
+def dbnet(*, channels: int = 8, seed: int = 0) -> onnx.ModelProto:
+    """``x [?, 3, ?, ?] -> maps [?, 1, ?, ?]`` (height and width multiples of 16): backbone stages
+    at 1/2 .. 1/16, FPN laterals added top-down through nearest ``Resize`` x2, the levels brought to
+    1/4 (``Resize`` x4, x2) and concatenated, then conv + BN + Relu and two ``ConvTranspose``
+    (2x2, stride 2) back to full size, ``Sigmoid``."""
+    b = _Builder(seed)
+    c = channels
+
+    def stage(x: str, c_in: int, c_out: int) -> str:
+        return b.node("Relu", [b.batch_norm(b.conv(x, c_in, c_out, 3, stride=2, pad=1, bias=False), c_out)])
+
+    def up(x: str, scale: int) -> str:
+        roi = b.constant("roi", np.zeros(0, np.float32))
+        scales = b.constant("scales", np.array([1, 1, scale, scale], np.float32))
+        return b.node("Resize", [x, roi, scales], mode="nearest", coordinate_transformation_mode="asymmetric",
+                      nearest_mode="floor")
+
+    def deconv(x: str, c_in: int, c_out: int) -> str:
+        w = b.weight("deconv_w", (c_in, c_out, 2, 2), c_in * 4)
+        return b.node("ConvTranspose", [x, w, b.const("deconv_b", np.zeros(c_out, np.float32))],
+                      kernel_shape=[2, 2], strides=[2, 2])
+
+    c1 = stage("x", 3, c)
+    c2 = stage(c1, c, 2 * c)
+    c3 = stage(c2, 2 * c, 4 * c)
+    c4 = stage(c3, 4 * c, 4 * c)
+    in2, in3, in4 = b.conv(c2, 2 * c, c, 1), b.conv(c3, 4 * c, c, 1), b.conv(c4, 4 * c, c, 1)
+    out3 = b.node("Add", [in3, up(in4, 2)])
+    out2 = b.node("Add", [in2, up(out3, 2)])
+    p4 = up(b.conv(in4, c, c // 2, 3, pad=1), 4)
+    p3 = up(b.conv(out3, c, c // 2, 3, pad=1), 2)
+    p2 = b.conv(out2, c, c // 2, 3, pad=1)
+    fuse = b.node("Concat", [p4, p3, p2], axis=1)
+    h = b.node("Relu", [b.batch_norm(b.conv(fuse, 3 * (c // 2), c, 3, pad=1, bias=False), c)])
+    h = b.node("Relu", [b.batch_norm(deconv(h, c, c), c)])
+    b.nodes.append(helper.make_node("Sigmoid", [deconv(h, c, 1)], ["maps"], name="sigmoid"))
+    return b.model("dbnet", [helper.make_tensor_value_info("x", F, ["?", 3, "?", "?"])],
+                   [helper.make_tensor_value_info("maps", F, ["?", 1, "?", "?"])],
+                   "onnx-quant exported models: DBNet text detector (paddle2onnx idioms)")
+
+
 # ------------------------------------------------------------------ transformer (torch)
 def _layer_norm(b: _Builder, x: str, d: int) -> str:
     """torch's decomposed layer norm: (x - mean) / sqrt(var + eps) * gamma + beta."""
@@ -307,6 +353,7 @@ def vad_state(*, frame: int = 16, hidden: int = 8, seed: int = 0) -> onnx.ModelP
 MODELS: dict[str, tuple[Callable[[], onnx.ModelProto], dict[str, tuple[int, ...]]]] = {
     "yolo_head": (yolo_head, {"images": (1, 3, 24, 40)}),
     "mobilenet_v3": (mobilenet_v3, {"x": (2, 3, 12, 20)}),
+    "dbnet": (dbnet, {"x": (1, 3, 32, 48)}),
     "transformer": (transformer, {"input_ids": (2, 7)}),
     "crnn": (crnn, {"image": (2, 1, 16, 24)}),
     "vad_state": (vad_state, {"audio": (2, 64), "state": (2, 2, 8)}),

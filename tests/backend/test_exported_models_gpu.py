@@ -1,5 +1,5 @@
-"""The real-architecture models of onnx_quant.exported_models (YOLO head, paddle2onnx MobileNetV3,
-torch transformer block, CRNN with a bidirectional LSTM, the If/Loop voice-activity model) in float,
+"""The real-architecture models of onnx_quant.exported_models (YOLO head, paddle2onnx MobileNetV3 and
+DBNet (Resize and ConvTranspose), torch transformer block, CRNN with a bidirectional LSTM, the If/Loop voice-activity model) in float,
 QOperator, QDQ and dynamic form, on the GPU against onnxruntime CPU on the same inputs.
 
 Each variant runs with ``allow_host_fallback=False`` unless :data:`HOST` names the op types it still
