@@ -55,10 +55,21 @@ class GraphOptimizationLevel(enum.IntEnum):
     ORT_ENABLE_ALL = 99
 
 
+def _level(sess_options: Any) -> int:
+    """onnxruntime's graph optimization level of these options (default: all)."""
+    return int(getattr(sess_options, "graph_optimization_level", GraphOptimizationLevel.ORT_ENABLE_ALL))
+
+
 def fuses_qdq(sess_options: Any) -> bool:
-    """Whether a session with these options fuses QDQ node units (onnxruntime's level, default all)."""
-    level = getattr(sess_options, "graph_optimization_level", GraphOptimizationLevel.ORT_ENABLE_ALL)
-    return int(level) >= GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    """Whether a session with these options fuses QDQ node units (onnxruntime's QDQ selectors run
+    from ORT_ENABLE_EXTENDED on)."""
+    return _level(sess_options) >= GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+
+
+def folds_batch_norm(sess_options: Any) -> bool:
+    """Whether a session with these options folds BatchNormalization into Conv (onnxruntime's
+    ConvBNFusion runs from ORT_ENABLE_BASIC on)."""
+    return _level(sess_options) >= GraphOptimizationLevel.ORT_ENABLE_BASIC
 
 
 class SessionOptions:
@@ -190,6 +201,7 @@ class InferenceSession:
         device = get_device(self._choice.adapter, limits=self._choice.options.get("limits"))
         profile = bool(getattr(self._sess_options, "enable_profiling", False))
         kwargs.setdefault("fuse_qdq", fuses_qdq(self._sess_options))
+        kwargs.setdefault("fold_batch_norm", folds_batch_norm(self._sess_options))
         self._session = Session(path_or_bytes, device=device, allow_host_fallback=self._choice.host_fallback,
                                 profile=profile, **kwargs)
         self._profile_start_ns = time.time_ns()

@@ -148,6 +148,9 @@ class Session:
     templates). ``base_dir``: the folder external data of a model given as bytes or a ModelProto
     is read from (without it such data is refused; a path's own folder is used for a path).
     ``memory_budget``: bytes (or ``"2G"``) any host allocation may take (onnx_quant/budget.py).
+    ``fold_batch_norm``: fold a BatchNormalization into the Conv before it where both have constant
+    parameters (bn_folding.py; ``folded_batch_norms`` lists them), as onnxruntime does from
+    ``ORT_ENABLE_BASIC`` on; False runs them as written.
     ``fuse_qdq``: replace QDQ node units (DequantizeLinear -> Conv/MatMul/Add/... -> QuantizeLinear)
     by the QLinear kernels onnxruntime substitutes from ``ORT_ENABLE_EXTENDED`` on (qdq_fusion.py;
     ``fusion`` lists them); False runs every node as written (onnxruntime's ``ORT_DISABLE_ALL``).
@@ -172,18 +175,21 @@ class Session:
         memory_budget: int | str | None = None,
         profile: bool = False,
         fuse_qdq: bool = True,
+        fold_batch_norm: bool = True,
     ) -> None:
         self._lock = threading.RLock()  # one run at a time per session: backend_wgpu/locking.py
         self.budget = resolve_budget(memory_budget)
         self.model = load_model(model_or_path, load_external_data=True, base_dir=base_dir, budget=self.budget)
         self._static_values = static_values(self.model)  # structural faults are refused here, first
         self._specs = self._registry(specs)
+        #: the Conv -> BatchNormalization pairs folded into one Conv (bn_folding.py)
+        self.folded_batch_norms = self._fold_batch_norm(fold_batch_norm)
         #: the QDQ node units replaced by QLinear kernels (qdq_fusion.py), empty with fuse_qdq=False
         self.fusion = self._fuse(fuse_qdq)
         #: If / Loop runners (control_flow.py), per node index, built on first run
         self._control: dict[int, Any] = {}
         self._body_options = {"allow_host_fallback": allow_host_fallback, "memory_budget": self.budget,
-                              "fuse_qdq": fuse_qdq, "specs": self._specs, "tunables": tunables, "variants": variants}
+                              "fuse_qdq": fuse_qdq, "fold_batch_norm": fold_batch_norm, "specs": self._specs, "tunables": tunables, "variants": variants}
         graph = self.model.graph
         self.allow_host_fallback = bool(allow_host_fallback)
         self._opsets = {(imp.domain or ""): imp.version for imp in self.model.opset_import}
@@ -234,6 +240,19 @@ class Session:
             self.profiler = Profiler(self.device)
 
     # -- construction ------------------------------------------------------------------------
+
+    def _fold_batch_norm(self, enabled: bool) -> list:
+        """Before placement: BatchNormalization folded into the Conv before it (bn_folding.py), as
+        onnxruntime does from ORT_ENABLE_BASIC on; ``self.model`` becomes the folded model."""
+        if not enabled:
+            return []
+        from onnx_quant.backend_wgpu.bn_folding import fold_batch_norm  # noqa: PLC0415
+
+        result = fold_batch_norm(self.model)
+        if result.folded:
+            self.model = result.model
+            self._static_values = static_values(self.model)
+        return result.folded
 
     def _fuse(self, enabled: bool):
         """Phase 0, before placement: QDQ node units onto QLinear kernels (qdq_fusion.py), where a

@@ -1,0 +1,118 @@
+"""BatchNormalization folded into the Conv before it, as onnxruntime's ConvBNFusion does from
+``ORT_ENABLE_BASIC`` on (a graph-compiler phase before placement, on the ModelProto; CPU only).
+
+``Conv(x, W[, B]) -> BatchNormalization(scale, bias, mean, var, epsilon)`` becomes one Conv with
+
+    s  = scale / sqrt(var + epsilon)          (per output channel, float32, as onnxruntime computes it)
+    W' = W * s   (each output channel's filter)
+    B' = (B - mean) * s + bias   (bias - mean * s without B)
+
+where the Conv's weights and bias and the BatchNormalization's four parameters are constant
+initializers of one float type (float32), the Conv's output feeds only that BatchNormalization
+(and is not a graph output), and the BatchNormalization is in inference form (one output; no
+``training_mode``). The folded node computes what onnxruntime's optimized graph computes: the
+same float32 parameters, one convolution instead of a convolution and a normalization.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from onnx_quant.backend_wgpu.graph_plan import DEFAULT_DOMAINS
+
+FOLDABLE_TYPES = frozenset({onnx.TensorProto.FLOAT})
+
+
+@dataclass
+class Folded:
+    conv: str       # the Conv's output name: the folded node's output is the BatchNormalization's
+    batch_norm: str
+
+
+@dataclass
+class FoldResult:
+    model: onnx.ModelProto
+    folded: list[Folded] = field(default_factory=list)
+
+
+def _attr(node: onnx.NodeProto, name: str, default):
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+def fold_batch_norm(model: onnx.ModelProto) -> FoldResult:
+    """A copy of ``model`` with every foldable Conv -> BatchNormalization pair folded (the model
+    itself when there is none)."""
+    graph = model.graph
+    overridable = {v.name for v in graph.input}  # an initializer that is also an input is a default, not a constant
+    inits = {t.name: t for t in graph.initializer if t.name not in overridable}
+    readers: dict[str, int] = {}
+    for n in graph.node:
+        for i in n.input:
+            readers[i] = readers.get(i, 0) + 1
+    outputs = {o.name for o in graph.output}
+    producer = {o: n for n in graph.node for o in n.output if o}
+    pairs: list[tuple[onnx.NodeProto, onnx.NodeProto]] = []
+    for bn in graph.node:
+        if bn.op_type != "BatchNormalization" or bn.domain not in DEFAULT_DOMAINS:
+            continue
+        conv = producer.get(bn.input[0])
+        if conv is None or conv.op_type != "Conv" or conv.domain not in DEFAULT_DOMAINS:
+            continue
+        if _attr(bn, "training_mode", 0) or len([o for o in bn.output if o]) != 1 or len(bn.input) != 5:
+            continue
+        if readers.get(conv.output[0], 0) != 1 or conv.output[0] in outputs:
+            continue
+        params = [inits.get(n) for n in list(bn.input[1:]) + list(conv.input[1:])]
+        if any(p is None or p.data_type not in FOLDABLE_TYPES for p in params):
+            continue
+        pairs.append((conv, bn))
+    if not pairs:
+        return FoldResult(model)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    folded_names = {id(c): (c, b) for c, b in pairs}
+    new_nodes, new_inits, drop, folded = [], [], set(), []
+    bn_outputs = {b.output[0] for _, b in pairs}
+    for n in model.graph.node:
+        if id(n) in folded_names:
+            conv, bn = folded_names[id(n)]
+            scale, bias, mean, var = (numpy_helper.to_array(inits[i]) for i in bn.input[1:])
+            eps = np.float32(_attr(bn, "epsilon", 1e-5))
+            s = scale / np.sqrt(var + eps)
+            w = numpy_helper.to_array(inits[conv.input[1]])
+            w2 = (w * s.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
+            if len(conv.input) > 2 and conv.input[2]:
+                b2 = ((numpy_helper.to_array(inits[conv.input[2]]) - mean) * s + bias).astype(w.dtype)
+            else:
+                b2 = (bias - mean * s).astype(w.dtype)
+            wname, bname = f"{conv.output[0]}_bn_folded_w", f"{conv.output[0]}_bn_folded_b"
+            new_inits += [numpy_helper.from_array(w2, wname), numpy_helper.from_array(b2, bname)]
+            node = onnx.NodeProto()
+            node.CopyFrom(conv)
+            del node.input[:]
+            node.input.extend([conv.input[0], wname, bname])
+            node.output[0] = bn.output[0]
+            new_nodes.append(node)
+            drop |= {i for i in list(bn.input[1:]) + list(conv.input[1:]) if readers.get(i, 0) == 1}
+            folded.append(Folded(conv.output[0], bn.output[0]))
+        elif n.op_type == "BatchNormalization" and n.output and n.output[0] in bn_outputs:
+            continue
+        else:
+            new_nodes.append(n)
+    del out.graph.node[:]
+    out.graph.node.extend(new_nodes)
+    kept = [t for t in out.graph.initializer if t.name not in drop]
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(kept + new_inits)
+    gone = {f.conv for f in folded}
+    infos = [v for v in out.graph.value_info if v.name not in gone]
+    del out.graph.value_info[:]
+    out.graph.value_info.extend(infos)
+    return FoldResult(out, folded)
