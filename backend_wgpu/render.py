@@ -16,7 +16,8 @@ a kernel writes, e.g. ConstantOfShape's value, EyeLike's one), ``oq_rounded(valu
 Python float rounded to an element type, for plan-time arithmetic that must follow a
 reference computing in that type), and ``oq_resize_axes``, ``oq_tap_table`` and
 ``oq_saturated_words`` (``resize_taps.py``): Resize's per-axis tables, computed in float64 as
-onnx.reference does.
+onnx.reference does; ``oq_einsum(equation, shapes)`` (``einsum.py``): an Einsum equation's labels,
+sizes and summed labels.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any, Mapping
 import jinja2
 
 from onnx_quant.backend_wgpu import resize_taps
+from onnx_quant.backend_wgpu.einsum import einsum_plan
 from onnx_quant.backend_wgpu.plan import BindingPlan, PassPlan
 from onnx_quant.errors import DeviceError
 
@@ -85,6 +87,7 @@ def environment() -> jinja2.Environment:
     env.globals["oq_resize_axes"] = resize_taps.resize_axes
     env.globals["oq_tap_table"] = resize_taps.tap_table
     env.globals["oq_saturated_words"] = resize_taps.saturated_words
+    env.globals["oq_einsum"] = einsum_plan
     return env
 
 
