@@ -27,9 +27,10 @@ CASES = [f"{name}-{form}" for name in em.MODELS for form in em.FORMS]
 
 #: op types a variant still runs on the host, and why
 HOST = {
-    # int64 Concat of the grid shapes and NonZero (a data-dependent output size); Resize and
-    # ConstantOfShape (the CRNN LSTM's zero initial states) left with their kernels
-    **{f"yolo_head-{f}": {"Concat", "NonZero"} for f in em.FORMS},
+    # NonZero: its output's size is known only once it has run (a data-dependent dim); the int64
+    # Concat of the grid shapes, Resize and ConstantOfShape (the CRNN LSTM's zero initial
+    # states) left the host with their kernels
+    **{f"yolo_head-{f}": {"NonZero"} for f in em.FORMS},
 }
 #: variants no session can run: what refuses them
 REFUSED = {"crnn-dynamic": "com.microsoft::DynamicQuantizeLSTM"}

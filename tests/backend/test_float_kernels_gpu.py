@@ -486,13 +486,16 @@ def test_transpose(best, dtype):
             assert_same_bits(got, np.ascontiguousarray(np.transpose(x, perm)), f"Transpose {shape} {perm}")
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int8, np.uint8], ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int8, np.uint8, np.int64, np.float64],
+                         ids=lambda t: np.dtype(t).name)
 def test_concat(best, dtype):
     cases = [([(2, 3, 5), (2, 1, 5), (2, 4, 5)], 1), ([(3, 1), (3, 2), (3, 3)], -1), ([(1, 3), (2, 3)], 0),
              ([(2, 2, 3), (2, 2, 1), (2, 2, 2), (2, 2, 5), (2, 2, 1)], 2), ([(7,)], 0), ([(2, 3)] * 8, 1),
              ([(2, 0, 3), (2, 2, 3)], 1), ([(1, 1), (1, 1), (1, 1)], 1), ([(3, 2), (1, 2), (2, 2), (5, 2)], 0)]
     for k, (shapes, axis) in enumerate(cases):
         xs = [data(s, dtype, 10 * k + i) for i, s in enumerate(shapes)]
+        if dtype == np.int64:  # both words of each element: the high ones too
+            xs = [a * (2**33 + 7) for a in xs]
         inputs = [(f"X{i}", a) for i, a in enumerate(xs)]
         model = node_model("Concat", inputs, ["Y"], attrs={"axis": axis})
         (got,), variants = run_all_variants(best, model, dict(inputs))
