@@ -47,6 +47,7 @@ REFERENCES = {
     "Selu": (_grid(-20, 5), lambda x: 1.0507009873554805 * np.where(x > 0, x, 1.6732632423543772 * np.expm1(x)), {}),
     "Celu": (_grid(-20, 5), lambda x: np.maximum(x, 0) + np.minimum(0, np.expm1(x)), {}),
     "Mish": (_grid(-20, 20), lambda x: x * np.tanh(np.logaddexp(0, x)), {}),
+    "Swish": (_grid(-80, 80), lambda x: x / (1 + np.exp(-1.5 * x)), {"alpha": 1.5}),
     "Pow": (_log_grid(1e-3, 1e3), lambda x: np.power(x, 2.5), {}),  # exponent 2.5 fed as b
 }
 
@@ -60,7 +61,7 @@ def reference(op: str, x: np.ndarray) -> np.ndarray:
     return fn(x.astype(np.float64))
 
 
-def unary_model(op: str, n: int, attrs=None, opset: int = 18):
+def unary_model(op: str, n: int, attrs=None, opset: int = 24):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [n])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [n])
     inputs = ["x", "b"] if op == "Pow" else ["x"]

@@ -636,6 +636,18 @@ def test_global_average_pool(best, shape):
     assert_within_sum_bound(got, exact, mag, n + 2, f"GlobalAveragePool {shape}")
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 5, 7), (1, 4, 30, 30), (1, 2, 3), (1, 3, 2, 2, 2), (1, 1, 70, 70)])
+def test_global_max_pool(best, shape):
+    x = data(shape, np.float32, 11)
+    x.reshape(-1)[::17] = -np.inf
+    if x.size > 40:
+        x.reshape(shape[0] * shape[1], -1)[0, 5] = np.nan  # a NaN wins its (n, c)
+    model = node_model("GlobalMaxPool", [("X", x)], ["Y"])
+    (got,), variants = run_all_variants(best, model, {"X": x})
+    assert set(variants) == {"serial", "workgroup"}
+    assert_same_bits(got, x.max(axis=tuple(range(2, len(shape))), keepdims=True), f"GlobalMaxPool {shape}")
+
+
 def softmax_reference(x, axis, coerce):
     x = x.astype(np.float64)
     if coerce:
