@@ -725,8 +725,10 @@ class Session:
         from onnx_quant.inference import infer_values  # noqa: PLC0415
 
         try:
+            # a graph output whose declared shape contradicts what the model computes gets the
+            # computed one (onnxruntime warns and does the same): its buffer holds what is written
             return infer_values(self.model, {k: list(v) for k, v in shapes.items()}, strict=False,
-                                input_values=dict(input_values) or None)
+                                input_values=dict(input_values) or None, declared_outputs_win=False)
         except QuantError as e:
             raise ExecutionError(f"shape inference for input shapes {dict(shapes)} failed: {e}") from None
 

@@ -166,18 +166,23 @@ class InferenceResult:
 # ------------------------------------------------------------------ public API
 def infer(model: ModelSource, *, strict: bool = False,
           input_shapes: Mapping[str, Iterable[Any]] | None = None,
-          input_values: Mapping[str, np.ndarray] | None = None) -> InferenceResult:
+          input_values: Mapping[str, np.ndarray] | None = None,
+          declared_outputs_win: bool = True) -> InferenceResult:
     """Run the pass over ``model`` (a ModelProto, path or bytes; not modified).
 
     ``input_shapes`` overrides graph input shapes (dims as ints, symbol names or ``None``);
     symbols it binds to ints are substituted in the other graph inputs too. ``input_values``
     gives graph inputs known contents (a Session planning for the values of small integer
-    inputs that decide shapes); their shapes must agree with ``input_shapes``. Lenient mode
+    inputs that decide shapes); their shapes must agree with ``input_shapes``. Where a graph
+    output's declared type contradicts the inferred one, lenient mode keeps the declared one
+    (the model's contract) unless ``declared_outputs_win`` is False (a runtime allocating what
+    the model computes, as onnxruntime does after its warning). Lenient mode
     records every violation in the result; ``strict=True`` raises the first
     ``InferenceError``.
     """
     proto = load_model(model, check_external=False)  # the pass checks external data as it seeds
-    return _Pass(proto, strict=strict, label=_source_label(model)).run(input_shapes, input_values)
+    return _Pass(proto, strict=strict, label=_source_label(model),
+                 declared_outputs_win=declared_outputs_win).run(input_shapes, input_values)
 
 
 def infer_shapes(model: ModelSource, *, strict: bool = False) -> onnx.ModelProto:
@@ -196,13 +201,15 @@ def infer_shapes(model: ModelSource, *, strict: bool = False) -> onnx.ModelProto
 
 
 def infer_values(model: ModelSource, input_shapes: Mapping[str, Iterable[Any]] | None = None, *,
-                 strict: bool = False, input_values: Mapping[str, np.ndarray] | None = None) -> dict[str, TensorInfo]:
+                 strict: bool = False, input_values: Mapping[str, np.ndarray] | None = None,
+                 declared_outputs_win: bool = True) -> dict[str, TensorInfo]:
     """Name -> ``TensorInfo`` for every value: graph inputs, initializers, intermediates, outputs.
 
     With concrete ``input_shapes`` every shape that follows from them is a tuple of ints;
     ``input_values`` (see ``infer``) lets the values computed from those inputs fold too.
     """
-    return infer(model, strict=strict, input_shapes=input_shapes, input_values=input_values).values()
+    return infer(model, strict=strict, input_shapes=input_shapes, input_values=input_values,
+                 declared_outputs_win=declared_outputs_win).values()
 
 
 def _source_label(model: ModelSource) -> str:
@@ -690,10 +697,14 @@ class _Entry:
 class _Pass:
     """State of one walk; nothing outlives ``run``."""
 
-    def __init__(self, model: onnx.ModelProto, *, strict: bool, label: str = "<model>") -> None:
+    def __init__(self, model: onnx.ModelProto, *, strict: bool, label: str = "<model>",
+                 declared_outputs_win: bool = True) -> None:
         self.model = model
         self.strict = strict
         self.label = label
+        #: on a conflict, keep a graph output's declared type (the model's contract, for typing)
+        #: or what the model computes (what a runtime must allocate, as onnxruntime does)
+        self.declared_outputs_win = declared_outputs_win
         opsets: dict[str, int] = {}
         for o in model.opset_import:
             opsets[normalize_domain(o.domain)] = int(o.version)
@@ -1543,7 +1554,8 @@ class _Pass:
                           expected=_info_text(inferred), found=_info_text(declared))
             self.raise_or_record(err)
             # the model's declared output type is its contract; a value_info is only a note
-            merged = TensorInfo(declared.elem_type, declared.shape, inferred.value) if is_output else inferred
+            keep = is_output and self.declared_outputs_win
+            merged = TensorInfo(declared.elem_type, declared.shape, inferred.value) if keep else inferred
         if is_output:
             g.final_outputs[name] = merged
         if merged != inferred:

@@ -634,3 +634,19 @@ def test_unreadable_constant_is_reported_when_a_rule_reads_it():
     assert [(d.rule, d.node) for d in result.diagnostics][:1] == [("initializer", "<model>")]
     assert "'shape'" in result.diagnostics[0].message
     assert result.ctx["y"].rank == 2 and result.ctx["y"].shape != (2, 6)  # no value: no guessed dims
+
+
+def test_a_contradicted_output_declaration_is_kept_for_typing_and_dropped_for_running():
+    # the model declares y [1, 3] but computes [3, 1]: typing keeps the model's contract (and
+    # records the conflict); a runtime asks for what the model computes, as onnxruntime does
+    from onnx import TensorProto, helper
+
+    from onnx_quant.inference import infer, infer_values
+
+    g = helper.make_graph([helper.make_node("Transpose", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    assert [e.rule for e in infer(m).errors] == ["output-type"]
+    assert infer_values(m)["y"].shape == (1, 3)
+    assert infer_values(m, declared_outputs_win=False)["y"].shape == (3, 1)
