@@ -48,7 +48,7 @@ VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", 
 #: (shape arithmetic: Shape -> Gather -> Concat -> Reshape and the like)
 FOLD_OPS = frozenset({
     "Shape", "Size", "Gather", "Concat", "Slice", "Squeeze", "Unsqueeze", "Reshape", "Flatten",
-    "Identity", "Cast", "Add", "Sub", "Mul", "Max", "Min", "Neg", "Abs", "Range", "ConstantOfShape",
+    "Identity", "Cast", "Add", "Sub", "Mul", "Div", "Mod", "Max", "Min", "Neg", "Abs", "Range", "ConstantOfShape",
     "Expand", "Split", "Transpose", "Tile", "Equal", "Less", "Greater", "Where", "Not", "And", "Or",
     "ReduceProd", "ReduceSum", "ReduceMax", "ReduceMin",
 })

@@ -1896,6 +1896,18 @@ def _binary(fn):
     return fold
 
 
+def _fold_mod(n: NodeContext, ctx: ShapesContext) -> np.ndarray | None:
+    """Integer Mod of shape values: fmod 0 takes the divisor's sign (numpy's mod), fmod 1 the
+    dividend's (C's %); a zero divisor is left unfolded (its result is the kernel's business)."""
+    vals = _values(n, ctx)
+    if vals is None or len(vals) != 2 or vals[0].dtype.kind not in "iu" or vals[0].dtype != vals[1].dtype:
+        return None
+    if np.any(vals[1] == 0):
+        return None
+    fn = np.fmod if n.attr("fmod", 0) else np.mod
+    return fn(vals[0], vals[1]).astype(vals[0].dtype)
+
+
 def _simple(fn):
     def fold(n: NodeContext, ctx: ShapesContext) -> np.ndarray | None:
         vals = _values(n, ctx)
@@ -1916,4 +1928,9 @@ _FOLDERS = {
     "Add": _binary(np.add),
     "Sub": _binary(np.subtract),
     "Mul": _binary(np.multiply),
+    "Mod": _fold_mod,
+    "And": _simple(lambda n, v: np.logical_and(v[0], v[1]) if v[0].dtype == v[1].dtype == np.bool_ else None),
+    "Or": _simple(lambda n, v: np.logical_or(v[0], v[1]) if v[0].dtype == v[1].dtype == np.bool_ else None),
+    "Where": _simple(lambda n, v: np.where(v[0], v[1], v[2]) if v[0].dtype == np.bool_ and v[1].dtype == v[2].dtype
+                     and v[1].dtype.kind in "iub" else None),
 }

@@ -650,3 +650,30 @@ def test_a_contradicted_output_declaration_is_kept_for_typing_and_dropped_for_ru
     assert [e.rule for e in infer(m).errors] == ["output-type"]
     assert infer_values(m)["y"].shape == (1, 3)
     assert infer_values(m, declared_outputs_win=False)["y"].shape == (3, 1)
+
+
+def test_shape_values_fold_through_mod_and_or_where():
+    # the expansion of Attention computes the GQA interleave factor this way: Mod of head counts,
+    # Equal, And / Or, Where; each must fold for the Expand after it to have a shape
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnx_quant.inference import infer_values
+
+    c = lambda name, v: helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(v, np.int64), name))  # noqa: E731
+    nodes = [helper.make_node("Shape", ["x"], ["q"], start=1, end=2), helper.make_node("Shape", ["k"], ["kv"], start=1, end=2),
+             c("zero", [0]), c("one", [1]),
+             helper.make_node("Mod", ["q", "kv"], ["rem"]), helper.make_node("Mod", ["q", "kv"], ["crem"], fmod=1),
+             helper.make_node("Equal", ["rem", "zero"], ["divides"]), helper.make_node("Equal", ["q", "kv"], ["same"]),
+             helper.make_node("Not", ["same"], ["differ"]), helper.make_node("And", ["divides", "differ"], ["gqa"]),
+             helper.make_node("Or", ["same", "gqa"], ["any"]),
+             helper.make_node("Div", ["q", "kv"], ["ratio"]), helper.make_node("Where", ["gqa", "ratio", "one"], ["factor"]),
+             helper.make_node("Concat", ["factor", "one"], ["shape"], axis=0),
+             helper.make_node("ConstantOfShape", ["shape"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6]),
+                                       helper.make_tensor_value_info("k", TensorProto.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    v = infer_values(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    assert v["rem"].value.tolist() == [0] and v["crem"].value.tolist() == [0]
+    assert v["gqa"].value.tolist() == [True] and v["any"].value.tolist() == [True]
+    assert v["factor"].value.tolist() == [2] and v["y"].shape == (2, 1)
