@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
-from onnx_quant.backend_wgpu.graph_plan import DEFAULT_DOMAINS
+from onnx_quant.backend_wgpu.graph_plan import DEFAULT_DOMAINS, attributes, subgraph_reads
 
 FOLDABLE_TYPES = frozenset({onnx.TensorProto.FLOAT})
 
@@ -39,13 +39,6 @@ class FoldResult:
     folded: list[Folded] = field(default_factory=list)
 
 
-def _attr(node: onnx.NodeProto, name: str, default):
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
-
-
 def fold_batch_norm(model: onnx.ModelProto) -> FoldResult:
     """A copy of ``model`` with every foldable Conv -> BatchNormalization pair folded (the model
     itself when there is none)."""
@@ -54,7 +47,7 @@ def fold_batch_norm(model: onnx.ModelProto) -> FoldResult:
     inits = {t.name: t for t in graph.initializer if t.name not in overridable}
     readers: dict[str, int] = {}
     for n in graph.node:
-        for i in n.input:
+        for i in list(n.input) + sorted(subgraph_reads(n)):  # a body's read counts too
             readers[i] = readers.get(i, 0) + 1
     outputs = {o.name for o in graph.output}
     producer = {o: n for n in graph.node for o in n.output if o}
@@ -65,7 +58,7 @@ def fold_batch_norm(model: onnx.ModelProto) -> FoldResult:
         conv = producer.get(bn.input[0])
         if conv is None or conv.op_type != "Conv" or conv.domain not in DEFAULT_DOMAINS:
             continue
-        if _attr(bn, "training_mode", 0) or len([o for o in bn.output if o]) != 1 or len(bn.input) != 5:
+        if attributes(bn).get("training_mode", 0) or len([o for o in bn.output if o]) != 1 or len(bn.input) != 5:
             continue
         if readers.get(conv.output[0], 0) != 1 or conv.output[0] in outputs:
             continue
@@ -84,7 +77,7 @@ def fold_batch_norm(model: onnx.ModelProto) -> FoldResult:
         if id(n) in folded_names:
             conv, bn = folded_names[id(n)]
             scale, bias, mean, var = (numpy_helper.to_array(inits[i]) for i in bn.input[1:])
-            eps = np.float32(_attr(bn, "epsilon", 1e-5))
+            eps = np.float32(attributes(bn).get("epsilon", 1e-5))
             s = scale / np.sqrt(var + eps)
             w = numpy_helper.to_array(inits[conv.input[1]])
             w2 = (w * s.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)

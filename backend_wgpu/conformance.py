@@ -431,17 +431,20 @@ Progress = Callable[[int, int, CaseResult], None]
 
 
 def run_conformance(ops: Iterable[str] | None = None, *, adapter: Any = None, device: Any = None,
-                    engine: str = "gpu", progress: Progress | None = None) -> list[CaseResult]:
-    """Every family case (``ops`` restricts the op types) on ``engine`` ("gpu" or
-    "onnxruntime"); ``progress(i, n, row)`` is called after each case."""
-    cases = family_cases(ops)
+                    engine: str = "gpu", progress: Progress | None = None, cases: Sequence[Any] | None = None,
+                    host_fallback: bool = True) -> list[CaseResult]:
+    """Every family case (``ops`` restricts the op types), or the given ``cases``, on ``engine``
+    ("gpu", with or without ``host_fallback``, or "onnxruntime"); ``progress(i, n, row)`` is called
+    after each case."""
+    cases = family_cases(ops) if cases is None else list(cases)
     if engine == "gpu" and device is None:
         from onnx_quant.backend_wgpu.device import get_device  # noqa: PLC0415
 
         device = get_device(adapter)
     rows = []
     for i, case in enumerate(cases, 1):
-        row = run_case(case, device=device) if engine == "gpu" else run_case_onnxruntime(case)
+        row = (run_case(case, device=device, host_fallback=host_fallback) if engine == "gpu"
+               else run_case_onnxruntime(case))
         rows.append(row)
         if progress is not None:
             progress(i, len(cases), row)

@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from onnx_quant.backend_wgpu.graph_plan import CONTROL_WHY, NodeInfo, subgraph_reads  # noqa: F401 (re-exported)
+from onnx_quant.backend_wgpu.graph_plan import CONTROL_WHY, NodeInfo, free_names  # noqa: F401 (re-exported)
 from onnx_quant.dtypes import element_type
 from onnx_quant.errors import ExecutionError, QuantError
 
@@ -34,21 +34,6 @@ MAX_LOOP_ITERATIONS = 1_000_000
 
 def is_control(domain: str, op_type: str, version: int) -> bool:
     return domain in ("", "ai.onnx") and op_type in CONTROL_OPS and (op_type != "Scan" or version >= 9)
-
-
-def _free_names(graph: onnx.GraphProto) -> list[str]:
-    """Outer-scope names a body reads, in first-use order."""
-    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
-    free: dict[str, None] = {}
-    for n in graph.node:
-        for x in list(n.input) + sorted(subgraph_reads(n)):
-            if x and x not in defined:
-                free[x] = None
-        defined |= {o for o in n.output if o}
-    for o in graph.output:
-        if o.name not in defined:
-            free[o.name] = None
-    return list(free)
 
 
 def _value_info(name: str, value: np.ndarray) -> onnx.ValueInfoProto:
@@ -93,7 +78,7 @@ class ControlFlow:
             declared = decl.type.HasField("tensor_type") and decl.type.tensor_type.elem_type
             g.input.append(decl if declared else _value_info(decl.name, value))
         inputs = [i.name for i in body.input]
-        for name in _free_names(body):
+        for name in free_names(body):
             if name in self.constants:  # a weight of the parent: uploaded once, with the body's plans
                 g.initializer.append(numpy_helper.from_array(np.asarray(self.constants[name]), name))
             elif name in outer:

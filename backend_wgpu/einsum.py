@@ -29,13 +29,6 @@ class EinsumPlan:
     sizes: dict
     summed: tuple[str, ...]
 
-    @property
-    def summed_volume(self) -> int:
-        n = 1
-        for label in self.summed:
-            n *= self.sizes[label]
-        return n
-
 
 def _terms(equation: str, n_inputs: int) -> tuple[list[str], str | None]:
     eq = equation.replace(" ", "")

@@ -125,22 +125,28 @@ def subgraph_reads(node: onnx.NodeProto) -> set[str]:
     names: set[str] = set()
     for a in node.attribute:
         if a.type == onnx.AttributeProto.GRAPH:
-            names |= _free_names(a.g)
+            names.update(free_names(a.g))
         elif a.type == onnx.AttributeProto.GRAPHS:
             for g in a.graphs:
-                names |= _free_names(g)
+                names.update(free_names(g))
     return names
 
 
-def _free_names(graph: onnx.GraphProto) -> set[str]:
+def free_names(graph: onnx.GraphProto) -> list[str]:
+    """Outer-scope names a (sub)graph reads, in first-use order: its nodes' inputs, its nested
+    bodies' reads, and outputs it passes through from outside."""
     defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
     defined |= {s.values.name for s in graph.sparse_initializer}
-    free: set[str] = set()
+    free: dict[str, None] = {}
     for n in graph.node:
-        free |= {i for i in n.input if i and i not in defined}
-        free |= {i for i in subgraph_reads(n) if i not in defined}
+        for x in list(n.input) + sorted(subgraph_reads(n)):
+            if x and x not in defined:
+                free[x] = None
         defined |= {o for o in n.output if o}
-    return free
+    for o in graph.output:
+        if o.name not in defined:
+            free[o.name] = None
+    return list(free)
 
 
 # ----------------------------------------------------------------------------- 0. plan-time values

@@ -134,6 +134,11 @@ def node_label(node: onnx.NodeProto, index: int) -> str:
     return node.name or f"{node.op_type}_{index}"
 
 
+def _value_key(keyed: Sequence[str], given: Mapping[str, np.ndarray]) -> tuple:
+    """The part of a plan's key that the contents of its value-keyed inputs make."""
+    return tuple((n, given[n].dtype.str, given[n].tobytes()) for n in keyed if n in given)
+
+
 class Session:
     """Run a model on a wgpu device.
 
@@ -241,6 +246,11 @@ class Session:
 
     # -- construction ------------------------------------------------------------------------
 
+    def _replace_model(self, model: onnx.ModelProto) -> None:
+        """A construction phase's rewritten model (folding, fusion) becomes the one the session runs."""
+        self.model = model
+        self._static_values = static_values(model)
+
     def _fold_batch_norm(self, enabled: bool) -> list:
         """Before placement: BatchNormalization folded into the Conv before it (bn_folding.py), as
         onnxruntime does from ORT_ENABLE_BASIC on; ``self.model`` becomes the folded model."""
@@ -250,8 +260,7 @@ class Session:
 
         result = fold_batch_norm(self.model)
         if result.folded:
-            self.model = result.model
-            self._static_values = static_values(self.model)
+            self._replace_model(result.model)
         return result.folded
 
     def _fuse(self, enabled: bool):
@@ -273,8 +282,7 @@ class Session:
 
         result = fuse_qdq(self.model, elem_of=self._elem, supported=supported)
         if result.units:
-            self.model = result.model
-            self._static_values = static_values(self.model)
+            self._replace_model(result.model)
         self._fused_units = {u.node.output[0]: u for u in result.units}
         return result
 
@@ -666,7 +674,7 @@ class Session:
         key = tuple(sorted((k, tuple(int(d) for d in v)) for k, v in shapes.items()))
         keyed = self._value_keyed.get(key, ())
         given = {n: feeds[n] for n in keyed if feeds is not None and isinstance(feeds.get(n), np.ndarray)}
-        full = key + tuple((n, given[n].dtype.str, given[n].tobytes()) for n in keyed if n in given)
+        full = key + _value_key(keyed, given)
         gplan = self._plans.get(full)
         if gplan is None:
             gplan = self._build_plan(full, dict(key), given if len(given) == len(keyed) else {}, feeds)
@@ -744,7 +752,7 @@ class Session:
             given = {n: feeds[n] for n in keyed if isinstance(feeds.get(n), np.ndarray)}
             if keyed and len(given) == len(keyed):
                 self._value_keyed[key] = keyed
-                key = key + tuple((n, given[n].dtype.str, given[n].tobytes()) for n in keyed)
+                key = key + _value_key(keyed, given)
                 input_values = given
                 values = self._infer(shapes, input_values)
         self._plan_elem = {n: v.elem_type for n, v in values.items()}

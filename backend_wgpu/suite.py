@@ -22,7 +22,7 @@ import collections
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from onnx_quant.backend_wgpu.conformance import CaseResult, case_op_type, run_case, run_case_onnxruntime
+from onnx_quant.backend_wgpu.conformance import CaseResult, case_op_type, run_conformance
 from onnx_quant.node_cases import all_node_cases
 
 OUTCOMES = ("pass", "wrong", "declined", "no kernel", "error")
@@ -91,25 +91,17 @@ def summarise(rows: Sequence[CaseResult], ort_rows: Sequence[CaseResult] | None 
 def run_suite(ops: Iterable[str] | None = None, *, device: Any = None, adapter: Any = None,
               onnxruntime: bool = True, progress: Callable[[str, int, int, CaseResult], None] | None = None,
               ) -> tuple[list[CaseResult], list[CaseResult] | None]:
-    """(GPU rows, onnxruntime CPU rows or None) over :func:`suite_cases`."""
+    """(GPU rows with no host fallback, onnxruntime CPU rows or None) over :func:`suite_cases`;
+    ``progress(engine, i, n, row)`` after each case."""
     cases = suite_cases(ops)
-    if device is None:
-        from onnx_quant.backend_wgpu.device import get_device  # noqa: PLC0415
 
-        device = get_device(adapter)
-    gpu = []
-    for i, case in enumerate(cases, 1):
-        gpu.append(run_case(case, device=device, host_fallback=False))
-        if progress is not None:
-            progress("gpu", i, len(cases), gpu[-1])
+    def report(engine: str):
+        return None if progress is None else (lambda i, n, row: progress(engine, i, n, row))
+
+    gpu = run_conformance(device=device, adapter=adapter, cases=cases, host_fallback=False, progress=report("gpu"))
     if not onnxruntime:
         return gpu, None
-    ort = []
-    for i, case in enumerate(cases, 1):
-        ort.append(run_case_onnxruntime(case))
-        if progress is not None:
-            progress("onnxruntime", i, len(cases), ort[-1])
-    return gpu, ort
+    return gpu, run_conformance(engine="onnxruntime", cases=cases, progress=report("onnxruntime"))
 
 
 def format_summary(summary: Sequence[OpSummary]) -> str:

@@ -86,25 +86,33 @@ def assert_declined(device, case, words: str) -> None:
     assert not row.passed and row.max_error is None and words in (row.error or ""), (case.name, row.error)
 
 
-def assert_node_cases_pass_or_declined(device, ops, declined, at_least: int) -> list[str]:
-    """ONNX's node cases whose op type (an expansion counts as its op) is in ``ops``: each passes on
-    the GPU with no host fallback, or is named in ``declined`` (case name -> words of the reason)
-    and refused with them, never a wrong value; every named case exists; at least ``at_least``
-    pass. Returns the passing case names."""
+def assert_node_cases_pass_or_declined(device, ops, declined, at_least: int, *, expanded: bool = True,
+                                       check=None) -> list[str]:
+    """ONNX's node cases whose op type is in ``ops`` (with ``expanded``, an expansion counts as its
+    op): each passes on the GPU with no host fallback, or is named in ``declined`` (case name ->
+    words of the reason) and refused with them, never a wrong value; every named case exists; at
+    least ``at_least`` pass. ``check(case, feeds, expected, output_names)``, given, judges each data
+    set instead of one plain run. Returns the passing case names."""
     from onnx_quant.backend_wgpu.conformance import case_op_type, run_case
     from onnx_quant.node_cases import all_node_cases
 
     passed, refused = [], []
     for case in all_node_cases():
-        if case.model is None or case_op_type(case).split(" ")[0] not in ops:
+        op = None if case.model is None else case_op_type(case)
+        if op is None or (op.split(" ")[0] if expanded else op) not in ops:
             continue
         if case.name in declined:
             assert_declined(device, case, declined[case.name])
             refused.append(case.name)
-        else:
+            continue
+        if check is None:
             row = run_case(case, device=device, host_fallback=False)
             assert row.passed, (case.name, row.error)
-            passed.append(case.name)
+        else:
+            names = [o.name for o in case.model.graph.output]
+            for inputs, expected in case.data_sets:
+                check(case, {vi.name: x for vi, x in zip(case.model.graph.input, inputs)}, expected, names)
+        passed.append(case.name)
     assert sorted(refused) == sorted(declined)
     assert len(passed) >= at_least, len(passed)
     return passed

@@ -17,7 +17,7 @@ import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-from conftest import assert_declined, run_every_variant, value_info_of
+from conftest import assert_node_cases_pass_or_declined, run_every_variant, value_info_of
 
 #: node cases kept off the GPU, and the words of the reason
 DECLINED = {f"test_attention_{c}": "T allows only float32, float16"
@@ -27,39 +27,23 @@ VARIANTS = ("workgroup", "serial")
 RTOL, ATOL = 1e-3, 1e-7
 
 
-def _cases():
-    from onnx_quant.backend_wgpu.conformance import case_op_type
-    from onnx_quant.node_cases import all_node_cases
-
-    return [c for c in all_node_cases() if c.model is not None and case_op_type(c) == "Attention"]
-
-
 def test_onnx_node_cases_pass_under_every_variant_or_are_declined_by_name(best):
     from onnx_quant.backend_wgpu.conformance import compare_outputs
     from onnx_quant.backend_wgpu.session import Session
     from onnx_quant.errors import KernelRejected
 
-    passed, declined = [], []
-    for case in _cases():
-        if case.name in DECLINED:
-            assert_declined(best, case, DECLINED[case.name])
-            declined.append(case.name)
-            continue
-        names = [o.name for o in case.model.graph.output]
-        for inputs, expected in case.data_sets:
-            feeds = {vi.name: x for vi, x in zip(case.model.graph.input, inputs)}
-            for v in VARIANTS:
-                try:
-                    with Session(case.model, device=best, variants={"Attention": v}, allow_host_fallback=False) as s:
-                        got = s.run(None, feeds)
-                except KernelRejected:  # the serial form declines rows beyond SERIAL_MAX_ROW only
-                    assert v == "serial"
-                    continue
-                cmp = compare_outputs(got, expected, names, rtol=RTOL, atol=ATOL)
-                assert cmp.passed, (case.name, v, cmp.detail)
-        passed.append(case.name)
-    assert sorted(declined) == sorted(DECLINED)
-    assert len(passed) >= 88, len(passed)
+    def every_variant(case, feeds, expected, names):
+        for v in VARIANTS:
+            try:
+                with Session(case.model, device=best, variants={"Attention": v}, allow_host_fallback=False) as s:
+                    got = s.run(None, feeds)
+            except KernelRejected:  # the serial form declines rows beyond SERIAL_MAX_ROW only
+                assert v == "serial"
+                continue
+            cmp = compare_outputs(got, expected, names, rtol=RTOL, atol=ATOL)
+            assert cmp.passed, (case.name, v, cmp.detail)
+
+    assert_node_cases_pass_or_declined(best, ("Attention",), DECLINED, 88, expanded=False, check=every_variant)
 
 
 # ----------------------------------------------------------------------------- random nodes

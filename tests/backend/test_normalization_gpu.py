@@ -18,7 +18,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from conftest import assert_declined, run_every_variant, value_info_of
+from conftest import assert_node_cases_pass_or_declined, run_every_variant, value_info_of
 
 f32 = np.float32
 OPS = ("RMSNormalization", "InstanceNormalization", "GroupNormalization", "BatchNormalization", "LpNormalization",
@@ -28,26 +28,14 @@ DECLINED = {"test_batchnorm_example_training_mode": "'inferenceOnly' is false",
 
 
 def test_onnx_node_cases_pass_under_every_variant_or_are_declined_by_name(best):
-    from onnx_quant.backend_wgpu.conformance import case_op_type, compare_outputs
-    from onnx_quant.node_cases import all_node_cases
+    from onnx_quant.backend_wgpu.conformance import compare_outputs
 
-    passed, declined = [], []
-    for case in all_node_cases():
-        if case.model is None or case_op_type(case) not in OPS:
-            continue
-        if case.name in DECLINED:
-            assert_declined(best, case, DECLINED[case.name])
-            declined.append(case.name)
-            continue
-        names = [o.name for o in case.model.graph.output]
-        for inputs, expected in case.data_sets:
-            feeds = {vi.name: x for vi, x in zip(case.model.graph.input, inputs)}
-            got, _ = run_every_variant(best, case.model, feeds, case.model.graph.node[0].op_type)
-            cmp = compare_outputs(got, expected, names)
-            assert cmp.passed, (case.name, cmp.detail)
-        passed.append(case.name)
-    assert sorted(declined) == sorted(DECLINED)
-    assert len(passed) >= 32, len(passed)
+    def every_variant(case, feeds, expected, names):
+        got, _ = run_every_variant(best, case.model, feeds, case.model.graph.node[0].op_type)
+        cmp = compare_outputs(got, expected, names)
+        assert cmp.passed, (case.name, cmp.detail)
+
+    assert_node_cases_pass_or_declined(best, OPS, DECLINED, 32, expanded=False, check=every_variant)
 
 
 def _model(op, opset, x, params, attrs, outputs=("Y",)):

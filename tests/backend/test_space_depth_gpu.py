@@ -46,23 +46,19 @@ def space_to_depth(x, b, mode):
     return t.reshape(n, c * b * b, h // b, w // b)
 
 
-@pytest.mark.parametrize("dtype", TYPES, ids=lambda t: np.dtype(t).name)
-@pytest.mark.parametrize("mode", ["DCR", "CRD"])
-def test_depth_to_space_every_type(dev, dtype, mode):
-    x = typed((2, 12, 3, 5), dtype, seed=1)
-    model = node_model("DepthToSpace", [("x", x)], ["y"], attrs={"blocksize": 2, "mode": mode}, opset=13)
-    (got,), plan = run_node(dev, model, {"x": x})
-    assert_same_bits(got, depth_to_space(x, 2, mode), f"DepthToSpace {mode}")
-    assert_same_bits(got, ref_run(model, {"x": x})[0], "vs onnx.reference")
+#: op -> (input shape, blocksize, opset, numpy reference)
+FORMS = {"DepthToSpace": ((2, 12, 3, 5), 2, 13, depth_to_space), "SpaceToDepth": ((2, 3, 6, 9), 3, 28, space_to_depth)}
 
 
 @pytest.mark.parametrize("dtype", TYPES, ids=lambda t: np.dtype(t).name)
 @pytest.mark.parametrize("mode", ["DCR", "CRD"])
-def test_space_to_depth_every_type(dev, dtype, mode):
-    x = typed((2, 3, 6, 9), dtype, seed=2)
-    model = node_model("SpaceToDepth", [("x", x)], ["y"], attrs={"blocksize": 3, "mode": mode}, opset=28)
+@pytest.mark.parametrize("op", sorted(FORMS))
+def test_every_type(dev, op, dtype, mode):
+    shape, block, opset, reference = FORMS[op]
+    x = typed(shape, dtype, seed=1 if op == "DepthToSpace" else 2)
+    model = node_model(op, [("x", x)], ["y"], attrs={"blocksize": block, "mode": mode}, opset=opset)
     (got,), _ = run_node(dev, model, {"x": x})
-    assert_same_bits(got, space_to_depth(x, 3, mode), f"SpaceToDepth {mode}")
+    assert_same_bits(got, reference(x, block, mode), f"{op} {mode}")
     assert_same_bits(got, ref_run(model, {"x": x})[0], "vs onnx.reference")
 
 
