@@ -310,6 +310,12 @@ class GpuDevice:
                                   kernel=kernel, variant=variant, pass_id=pass_id)
 
     @holding("lock")
+    def compile_pass(self, pass_plan, layout_key: tuple, *, label: str = "", kernel: str | None = None,
+                     variant: str | None = None):
+        """A pass's cached pipeline, looked up by its pipeline key before rendering (pipelines.py)."""
+        return self.pipelines.for_pass(pass_plan, layout_key, label=label, kernel=kernel, variant=variant)
+
+    @holding("lock")
     def bind(self, compiled, buffers: Sequence[tuple], *, label: str = "",
              kernel: str | None = None, variant: str | None = None, pass_id: str | None = None):
         """A bind group for a compiled pipeline: (binding index, buffer, size in bytes) or

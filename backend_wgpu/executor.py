@@ -34,7 +34,6 @@ from onnx_quant.backend_wgpu.device_value import DeviceValue
 from onnx_quant.backend_wgpu.packing import etype as _etype, pack_array, packed_nbytes, unpack_array  # noqa: F401 (re-exported)
 from onnx_quant.backend_wgpu.pipelines import layout_key
 from onnx_quant.backend_wgpu.plan import BufferPlan, KernelPlan
-from onnx_quant.backend_wgpu.render import render
 from onnx_quant.errors import ExecutionError
 
 #: how many prepared plans a device keeps (least recently used ones are released)
@@ -102,7 +101,6 @@ class PreparedPlan:
     steps: list[tuple[Any, Any, tuple[int, int, int], str]]
     staging: Any
     outputs: list[tuple[BufferPlan, int]]  # (buffer plan, offset in staging)
-    sources: dict[str, str]
 
 
 def _plan_cache(device) -> "OrderedDict[int, tuple[KernelPlan, PreparedPlan]]":
@@ -133,15 +131,12 @@ def prepare(device, plan: KernelPlan, *, node: str = "") -> PreparedPlan:
             buf = device.allocate(b.byte_size, label=label)
         buffers[name] = buf
     steps = []
-    sources = {}
     for p in plan.passes:
         if min(p.dispatch) <= 0:
             continue
-        source = render(p)
-        sources[p.id] = source
         key = layout_key(p.bindings)
-        compiled = device.compile(source, key, label=f"{plan.kernel}/{plan.variant}/{p.id}",
-                                  kernel=plan.kernel, variant=plan.variant, pass_id=p.id)
+        compiled = device.compile_pass(p, key, label=f"{plan.kernel}/{plan.variant}/{p.id}",
+                                       kernel=plan.kernel, variant=plan.variant)
         entries = [(b.index, buffers[b.buffer], buffers[b.buffer].size) for b in p.bindings]
         bind_group = device.bind(compiled, entries, label=f"{plan.kernel}/{plan.variant}/{p.id}",
                                  kernel=plan.kernel, variant=plan.variant, pass_id=p.id)
@@ -153,7 +148,7 @@ def prepare(device, plan: KernelPlan, *, node: str = "") -> PreparedPlan:
             outputs.append((b, offset))
             offset += buffers[b.name].size
     staging = device.allocate_staging(offset, label=f"{plan.kernel}/{plan.variant}/staging") if outputs else None
-    prepared = PreparedPlan(plan, buffers, steps, staging, outputs, sources)
+    prepared = PreparedPlan(plan, buffers, steps, staging, outputs)
     cache[id(plan)] = (plan, prepared)
     while len(cache) > MAX_PREPARED_PLANS:
         _, (_, old) = cache.popitem(last=False)
@@ -587,11 +582,10 @@ def prepare_graph(device, gplan: GraphPlan, res: SessionResources, constants: Ma
             for i, p in enumerate(plan.passes):
                 if min(p.dispatch) <= 0:
                     continue
-                source = render(p)
                 before = device.pipelines.compilations
-                compiled = device.compile(source, layout_key(p.bindings),
-                                          label=f"{step.label}/{plan.kernel}/{plan.variant}/{p.id}",
-                                          kernel=plan.kernel, variant=plan.variant, pass_id=p.id)
+                compiled = device.compile_pass(p, layout_key(p.bindings),
+                                               label=f"{step.label}/{plan.kernel}/{plan.variant}/{p.id}",
+                                               kernel=plan.kernel, variant=plan.variant)
                 stats.pipelines_compiled += device.pipelines.compilations - before
                 entries = []
                 for b in p.bindings:

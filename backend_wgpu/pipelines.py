@@ -8,6 +8,11 @@ fit every pipeline with the same layout.
 
 ``compilations`` counts shader-module + pipeline creations and ``cache_hits`` the lookups that
 found one; a second run of the same shapes must not move ``compilations``.
+
+:meth:`PipelineCache.for_pass` looks a pass up by its pipeline key (``render.pipeline_key``: the
+template and the values it reads, runtime uniforms by name only), computed before rendering: a
+hit neither renders nor compiles, so a new batch size whose kernels take their shapes as
+uniforms compiles nothing; ``renders`` counts the passes that had to be rendered.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from onnx_quant.errors import DeviceError
 
 if TYPE_CHECKING:  # pragma: no cover
     from onnx_quant.backend_wgpu.device import GpuDevice
-    from onnx_quant.backend_wgpu.plan import BindingPlan
+    from onnx_quant.backend_wgpu.plan import BindingPlan, PassPlan
 
 _BUFFER_TYPES = {"read": "read-only-storage", "read_write": "storage", "uniform": "uniform"}
 
@@ -52,13 +57,38 @@ class PipelineCache:
         self.compilations = 0
         self.cache_hits = 0
         self.layouts_created = 0
+        self.renders = 0
+        self._by_pass_key: dict[tuple, CompiledPipeline] = {}
 
     def __len__(self) -> int:
         return len(self._pipelines)
 
     def counters(self) -> dict[str, int]:
         return {"compilations": self.compilations, "cache_hits": self.cache_hits,
-                "layouts_created": self.layouts_created, "pipelines": len(self._pipelines)}
+                "layouts_created": self.layouts_created, "pipelines": len(self._pipelines),
+                "renders": self.renders}
+
+    def forget(self) -> None:
+        """Drop every cached pipeline (the counters stay): a cold cache, for measurements."""
+        self._pipelines.clear()
+        self._by_pass_key.clear()
+
+    def for_pass(self, pass_plan: "PassPlan", key: tuple, *, label: str = "", kernel: str | None = None,
+                 variant: str | None = None) -> CompiledPipeline:
+        """The pipeline of a planned pass, keyed before rendering; rendered and compiled on a miss
+        (a miss whose source another key already compiled reuses that pipeline)."""
+        from onnx_quant.backend_wgpu.render import pipeline_key, render  # noqa: PLC0415
+
+        pass_key = (pipeline_key(pass_plan), "main", key)
+        hit = self._by_pass_key.get(pass_key)
+        if hit is not None:
+            self.cache_hits += 1
+            return hit
+        source = render(pass_plan)
+        self.renders += 1
+        compiled = self.get(source, key, label=label, kernel=kernel, variant=variant, pass_id=pass_plan.id)
+        self._by_pass_key[pass_key] = compiled
+        return compiled
 
     def layouts(self, key: tuple) -> tuple[Any, Any]:
         """(bind group layout, pipeline layout) for a layout key, cached."""

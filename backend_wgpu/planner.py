@@ -21,6 +21,7 @@ import numpy as np
 from onnx_quant.backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS, DeviceInfo
 from onnx_quant.backend_wgpu.packing import device_nbytes
 from onnx_quant.backend_wgpu.expr import Env, Expr, evaluate_value, type_name
+from onnx_quant.backend_wgpu.uniforms import UNIFORM_VAR, uniform_members
 from onnx_quant.backend_wgpu.work_bounds import check_invocations
 from onnx_quant.backend_wgpu.plan import BindingPlan, BufferPlan, KernelPlan, PassPlan
 from onnx_quant.backend_wgpu.spec import (
@@ -597,6 +598,16 @@ def _plan_pass(spec: KernelSpec, variant: Variant, p: Pass, env_v: Env, top: Map
         raise ExecutionError(f"{pw}: {len(bindings)} bindings exceed maxBindingsPerBindGroup = "
                              f"{limits['maxBindingsPerBindGroup']}")
 
+    uniform_names = tuple(dict.fromkeys((*spec.uniforms, *p.uniforms)))
+    guards: dict[str, Any] = {}
+    if uniform_names:
+        bp, guards = _plan_uniforms(p, uniform_names, derived_here, bindings, buffers, limits, pw)
+        bindings.append(bp)
+        if n_uniform + 1 > limits["maxUniformBuffersPerShaderStage"]:
+            raise ExecutionError(f"{pw}: binds {n_uniform + 1} uniform buffers (one of them the derived values' "
+                                 f"{UNIFORM_VAR}), more than the device limit maxUniformBuffersPerShaderStage = "
+                                 f"{limits['maxUniformBuffersPerShaderStage']}")
+
     binding_dicts = [
         {"index": bp.index, "var_name": bp.var_name, "access": bp.access, "element_type": bp.element_type,
          "length": bp.length, "struct": [list(m) for m in bp.struct] if bp.struct is not None else None}
@@ -608,6 +619,7 @@ def _plan_pass(spec: KernelSpec, variant: Variant, p: Pass, env_v: Env, top: Map
         "pass_id": p.id,
         "tunables": dict(tun),
         **derived_here,
+        **guards,
         "bindings": binding_dicts,
         "binding": {d["var_name"]: d for d in binding_dicts},
         "features": sorted(features),
@@ -618,6 +630,40 @@ def _plan_pass(spec: KernelSpec, variant: Variant, p: Pass, env_v: Env, top: Map
         "values": {k: list(v) for k, v in env_v.values.items()},
     }
     return PassPlan(p.id, p.name, p.shader, context, tuple(bindings), (dispatch[0], dispatch[1], dispatch[2]))
+
+
+def _plan_uniforms(p: Pass, names: Sequence[str], derived: Mapping[str, Any], bindings: Sequence[BindingPlan],
+                   buffers: dict[str, BufferPlan], limits: Mapping[str, int], pw: str
+                   ) -> tuple[BindingPlan, dict[str, Any]]:
+    """The pass's uniform struct of runtime derived values (backend_wgpu/uniforms.py): its binding
+    (after the spec's bindings), its buffer (bytes written once per plan) and the guards the
+    template gets in the values' place."""
+    members: list[tuple[str, str, Any]] = []
+    guards: dict[str, Any] = {}
+    for n in names:
+        if n not in derived:
+            raise ExecutionError(f"{pw}: uniform {n!r} is not a derived value of this pass "
+                                 f"(\"uniforms\" names derive entries)")
+        try:
+            guards[n] = uniform_members(n, derived[n], members)
+        except ValueError as e:
+            raise ExecutionError(f"{pw}: {e}") from None
+    layout = uniform_layout([(m, t) for m, t, _ in members])
+    try:
+        data = pack_uniform(layout, {m: v for m, _, v in members})
+    except ValueError as e:
+        raise ExecutionError(f"{pw}: uniform {UNIFORM_VAR!r}: {e}") from None
+    if layout.size > limits["maxUniformBufferBindingSize"]:
+        raise ExecutionError(f"{pw}: uniform {UNIFORM_VAR!r} of {layout.size} bytes exceeds "
+                             f"maxUniformBufferBindingSize = {limits['maxUniformBufferBindingSize']}")
+    if any(b.var_name == UNIFORM_VAR for b in bindings):
+        raise ExecutionError(f"{pw}: the spec binds a variable named {UNIFORM_VAR!r}, which the derived values' "
+                             f"uniform struct takes")
+    bname = uniform_buffer_name(p.id, UNIFORM_VAR)
+    buffers[bname] = BufferPlan(bname, "uniform", layout.size, None, None, data)
+    index = max((b.index for b in bindings), default=-1) + 1
+    return (BindingPlan(index, UNIFORM_VAR, bname, "uniform", _struct_type_name(UNIFORM_VAR), None,
+                        tuple((m, t) for m, t, _ in members)), guards)
 
 
 def _struct_type_name(var_name: str) -> str:

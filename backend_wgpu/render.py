@@ -17,7 +17,9 @@ Python float rounded to an element type, for plan-time arithmetic that must foll
 reference computing in that type), and ``oq_resize_axes``, ``oq_tap_table`` and
 ``oq_saturated_words`` (``resize_taps.py``): Resize's per-axis tables, computed in float64 as
 onnx.reference does; ``oq_einsum(equation, shapes)`` (``einsum.py``): an Einsum equation's labels,
-sizes and summed labels.
+sizes and summed labels. ``{{ x | u32 }}`` writes a WGSL u32 (``123u``, or the uniform read
+of a runtime uniform: backend_wgpu/uniforms.py, whose guards fail a render that uses one at
+Jinja level); :func:`pipeline_key` keys a pass's pipeline before rendering.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any, Mapping
 
 import jinja2
 
-from onnx_quant.backend_wgpu import resize_taps
+from onnx_quant.backend_wgpu import resize_taps, uniforms
 from onnx_quant.backend_wgpu.einsum import einsum_plan
 from onnx_quant.backend_wgpu.plan import BindingPlan, PassPlan
 from onnx_quant.errors import DeviceError
@@ -88,6 +90,7 @@ def environment() -> jinja2.Environment:
     env.globals["oq_tap_table"] = resize_taps.tap_table
     env.globals["oq_saturated_words"] = resize_taps.saturated_words
     env.globals["oq_einsum"] = einsum_plan
+    uniforms.install(env)
     return env
 
 
@@ -135,12 +138,23 @@ def render_string(text: str, context: Mapping[str, Any] | None = None) -> str:
         raise DeviceError(f"template text: {type(e).__name__}: {e}") from None
 
 
-def render(pass_plan: PassPlan) -> str:
-    """The WGSL source of one pass: its template rendered with its context."""
+def _render_context(pass_plan: PassPlan) -> dict[str, Any]:
     context = dict(pass_plan.context)
     context.setdefault("bindings", [_binding_context(b) for b in pass_plan.bindings])
     context.setdefault("binding", {b["var_name"]: b for b in context["bindings"]})
     context.setdefault("pass_id", pass_plan.id)
+    return context
+
+
+def pipeline_key(pass_plan: PassPlan) -> tuple:
+    """The pass's pipeline key, computed without rendering (``uniforms.pipeline_key``): the
+    template and the values of the context names it reads, runtime uniforms by name and type only."""
+    return uniforms.pipeline_key(environment(), pass_plan.shader, _render_context(pass_plan))
+
+
+def render(pass_plan: PassPlan) -> str:
+    """The WGSL source of one pass: its template rendered with its context."""
+    context = _render_context(pass_plan)
     _check_bindings(pass_plan, context)
     try:
         return render_source(pass_plan.shader, context)

@@ -225,6 +225,8 @@ class Pass:
     bindings: tuple[PassBinding, ...]
     dispatch: tuple[Value, Value, Value]
     description: str = ""
+    #: derived values this pass's template gets as runtime uniforms (besides the kernel's)
+    uniforms: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -262,6 +264,8 @@ class KernelSpec:
     attributes: dict[str, AttributeDecl] = field(default_factory=dict)
     #: the last opset version this spec implements (None: every later one)
     until_version: int | None = None
+    #: derived values every pass's template gets as runtime uniforms (backend_wgpu/uniforms.py)
+    uniforms: tuple[str, ...] = ()
 
     @property
     def io(self) -> dict[str, TensorDecl]:
@@ -283,7 +287,7 @@ class KernelSpec:
 # --------------------------------------------------------------------------- loading
 
 _TOP_KEYS = {"domain", "name", "sinceVersion", "untilVersion", "inputs", "outputs", "typeConstraints",
-             "tunables", "derive", "bindings", "variants", "description", "attributes"}
+             "tunables", "derive", "bindings", "variants", "description", "attributes", "uniforms"}
 _TOP_REQUIRED = {"name", "sinceVersion", "inputs", "outputs", "typeConstraints", "variants"}
 _IO_KEYS = {"dtype", "rank", "shape", "optional", "constant"}
 _ATTRIBUTE_KEYS = {"default", "required", "description"}
@@ -292,7 +296,7 @@ _BINDING_KEYS = {"name", "elementType", "length", "buffer", "struct"}
 _MEMBER_KEYS = {"name", "type", "value"}
 _VARIANT_KEYS = {"id", "priority", "when", "derive", "intermediates", "passes", "description"}
 _INTERMEDIATE_KEYS = {"id", "dtype", "shape"}
-_PASS_KEYS = {"id", "name", "shader", "derive", "bindings", "dispatch", "description"}
+_PASS_KEYS = {"id", "name", "shader", "derive", "bindings", "dispatch", "description", "uniforms"}
 _ARG_KEYS = {"arg", "elementType", "length", "buffer"}
 _INLINE_STRUCT_KEYS = {"name", "struct", "buffer"}
 _DISPATCH_KEYS = ("x", "y", "z")
@@ -698,6 +702,7 @@ class _Loader:
             type_constraints=constraints, tunables=tunables, derive=top_derive, bindings=bindings,
             variants=tuple(variants), path=self.file, directory=str(self.dir), description=description,
             attributes=attributes, until_version=until,
+            uniforms=self.uniform_names(top.get("uniforms", []), "uniforms"),
         )
 
     def attribute_default(self, v: Any, fld: str) -> Any:
@@ -879,7 +884,16 @@ class _Loader:
             else:
                 dispatch.append(self.integer(raw, f, minimum=0))
         return Pass(pid, pname, shader, pderive, tuple(resolved), tuple(dispatch),  # type: ignore[arg-type]
-                    self.string(d.get("description", ""), f"{fld}.description", nonempty=False))
+                    self.string(d.get("description", ""), f"{fld}.description", nonempty=False),
+                    self.uniform_names(d.get("uniforms", []), f"{fld}.uniforms"))
+
+    def uniform_names(self, v: Any, fld: str) -> tuple[str, ...]:
+        """A ``uniforms`` list: derived names (checked against the derived values when planned)."""
+        names = self.array(v, fld)
+        out = tuple(self.ident(n, f"{fld}[{i}]", "derived value") for i, n in enumerate(names))
+        if len(set(out)) != len(out):
+            raise self.err(fld, "a name is listed twice")
+        return out
 
     def pass_binding(self, index: int, entry: Any, fld: str, pass_id: str, scope: Scope,
                      roles: Mapping[str, str], bindings: Mapping[str, BindingDecl]) -> PassBinding:

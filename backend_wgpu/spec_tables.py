@@ -209,6 +209,8 @@ class _Table:
             if "parts" not in family:
                 derive = {**derive, "operands": json.dumps(list(inputs)),
                           "operandShapes": "[" + ", ".join(f"shapes.{io}" for io in inputs) + "]",
+                          "operandSame": "[" + ", ".join(f"shapes.{io} == shapes.{next(iter(outputs))}"
+                                                         for io in inputs) + "]",
                           "exprOk": _expr_ok(json.loads(derive["exprs"]), list(inputs))}
             docs.append((f"{self.path.name}[{op}-{version}]", {
                 "name": op, "sinceVersion": version,

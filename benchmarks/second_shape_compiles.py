@@ -34,7 +34,7 @@ def second_shape_compiles(family: str, fmt: str, device=None) -> tuple[int, list
         model = model_zoo.quantized(family, fmt, per_channel=True)
     sess = Session(model, device=device, allow_host_fallback=True)
     cache = sess.device.pipelines
-    cache._pipelines.clear()  # each model from a cold cache: another model's pipelines would hide its own
+    cache.forget()  # each model from a cold cache: another model's pipelines would hide its own
     sess.run(None, model_zoo.random_feeds(model, RUN_DIMS[family], seed=1))
     before = set(cache._pipelines)
     sess.run(None, model_zoo.random_feeds(model, SECOND_DIMS[family], seed=2))
