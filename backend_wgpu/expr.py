@@ -61,7 +61,7 @@ _TWO_PART = ("shapes", "ranks", "tunables", "attrs", "dtypes", "present", "value
 #: Function name -> (minimum, maximum or None) argument count.
 FUNCTIONS: dict[str, tuple[int, int | None]] = {
     "numel": (1, 3), "ceilDiv": (2, 2), "min": (1, None), "max": (1, None), "bits": (1, 1),
-    "slice": (2, 3),
+    "slice": (2, 3), "lastNonUnit": (1, 1),
 }
 _BOOL_NAMES = {"true": True, "false": False}
 #: Identifiers a derived value may not be called.
@@ -664,6 +664,11 @@ class _Evaluator:
                     raise self.fail(f"{fname}() bounds must be ints, found {type_name(b)}")
             part = seq[args[1]:(args[2] if len(args) > 2 else None)] if len(args) > 1 else seq
             return math.prod(part) if fname == "numel" else part
+        if fname == "lastNonUnit":  # the innermost dimension of size > 1 (-1: none)
+            seq = args[0]
+            if not isinstance(seq, tuple) or not all(_is_int(d) for d in seq):
+                raise self.fail(f"lastNonUnit() needs a list of ints, found {type_name(seq)}")
+            return max((d for d, n in enumerate(seq) if n > 1), default=-1)
         if fname == "bits":
             name = args[0]
             if not isinstance(name, str):
