@@ -209,7 +209,7 @@ class _Table:
             if "parts" not in family:
                 derive = {**derive, "operands": json.dumps(list(inputs)),
                           "operandShapes": "[" + ", ".join(f"shapes.{io}" for io in inputs) + "]",
-                          "operandSame": "[" + ", ".join(f"shapes.{io} == shapes.{next(iter(outputs))}"
+                          "operandSame": "[" + ", ".join(f"1 if shapes.{io} == shapes.{next(iter(outputs))} else 0"
                                                          for io in inputs) + "]",
                           "exprOk": _expr_ok(json.loads(derive["exprs"]), list(inputs))}
             docs.append((f"{self.path.name}[{op}-{version}]", {
