@@ -65,6 +65,13 @@ def _cases():
                   [_vi("x", TensorProto.FLOAT, ["N", 3, 8, 8])], [_vi("y", TensorProto.FLOAT, None)])
     out.append(("MaxPool+GlobalAveragePool", pool, {"x": rng.standard_normal((1, 3, 8, 8)).astype(F32)},
                 {"x": rng.standard_normal((2, 3, 8, 8)).astype(F32)}))
+    cat = _model([helper.make_node("Concat", ["x", "x2"], ["c"], axis=1),
+                  helper.make_node("Mul", ["c", "c"], ["y"])],
+                 [_vi("x", TensorProto.FLOAT, ["N", 3, 4]), _vi("x2", TensorProto.FLOAT, ["N", 2, 4])],
+                 [_vi("y", TensorProto.FLOAT, None)])
+    out.append(("Concat+Mul", cat, {"x": rng.standard_normal((1, 3, 4)).astype(F32),
+                                    "x2": rng.standard_normal((1, 2, 4)).astype(F32)},
+                {"x": rng.standard_normal((3, 3, 4)).astype(F32), "x2": rng.standard_normal((3, 2, 4)).astype(F32)}))
     return out
 
 
@@ -88,7 +95,7 @@ def test_a_second_shape_compiles_nothing_and_both_are_right(dev, case):
     for got, feeds in ((got1, first), (got2, second)):
         (want,) = ref.run(None, feeds)
         assert got[0].shape == want.shape
-        if want.dtype == np.float16 or case[0].startswith("Add"):  # exact ops
+        if want.dtype == np.float16 or case[0].startswith(("Add", "Concat")):  # exact ops
             assert np.array_equal(got[0], want)
         else:
             np.testing.assert_allclose(got[0], want, rtol=2e-6, atol=1e-6)
@@ -159,6 +166,31 @@ def test_the_key_is_computed_without_rendering_on_a_hit(dev, info, monkeypatch):
     assert (cache.renders, cache.compilations) == (renders, compilations)
     # another rank is another key (the rank is read by the template)
     assert render_mod.pipeline_key(_relu_plan(info, (2, 3, 1)).passes[0]) != render_mod.pipeline_key(p_small)
+
+
+QDQ_NODES = [  # (op, version, shapes at batch n, dtypes, attributes)
+    ("QuantizeLinear", 21, lambda n: {"x": (n, 8, 4, 4), "y_scale": (8,), "y_zero_point": (8,), "y": (n, 8, 4, 4)},
+     {"x": "float32", "y_scale": "float32", "y_zero_point": "uint8", "y": "uint8"}, {"axis": 1}),
+    ("DequantizeLinear", 21, lambda n: {"x": (n, 32), "x_scale": (), "x_zero_point": (), "y": (n, 32)},
+     {"x": "int8", "x_scale": "float32", "x_zero_point": "int8", "y": "float32"}, None),
+    ("DynamicQuantizeLinear", 11, lambda n: {"x": (n, 32), "y": (n, 32), "y_scale": (), "y_zero_point": ()},
+     {"x": "float32", "y": "uint8", "y_scale": "float32", "y_zero_point": "uint8"}, None),
+]
+
+
+@pytest.mark.parametrize("op,version,shapes,dtypes,attrs", QDQ_NODES, ids=[n[0] for n in QDQ_NODES])
+def test_quantization_kernels_key_alike_at_every_batch_size(info, op, version, shapes, dtypes, attrs):
+    """QuantizeLinear, DequantizeLinear and DynamicQuantizeLinear read their sizes from uniform
+    structs of their own: every pass keys alike at batch 8 and 16 (so compiles once)."""
+    from onnx_quant.backend_wgpu.planner import plan_node
+    from onnx_quant.backend_wgpu.render import pipeline_key
+
+    spec = _spec(op, version)
+    keys = []
+    for n in (8, 16):
+        plan = plan_node(spec, shapes=shapes(n), dtypes=dtypes, device=info, attributes=attrs)
+        keys.append([(p.id, pipeline_key(p)) for p in plan.passes])
+    assert keys[0] == keys[1]
 
 
 def test_a_template_reading_a_uniform_at_jinja_level_fails_loudly(info):
