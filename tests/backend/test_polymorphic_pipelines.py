@@ -51,9 +51,9 @@ def _cases():
     out.append(("Transpose+Cast", tr, {"x": rng.standard_normal((1, 16, 4)).astype(F32)},
                 {"x": rng.standard_normal((2, 24, 4)).astype(F32)}))
     sm = _model([helper.make_node("Softmax", ["x"], ["y"], axis=-1)],
-                [_vi("x", TensorProto.FLOAT, ["N", "S", "S"])], [_vi("y", TensorProto.FLOAT, None)])
-    out.append(("Softmax rows and length", sm, {"x": rng.standard_normal((1, 16, 16)).astype(F32)},
-                {"x": rng.standard_normal((2, 24, 24)).astype(F32)}))
+                [_vi("x", TensorProto.FLOAT, ["N", "S", 16])], [_vi("y", TensorProto.FLOAT, None)])
+    out.append(("Softmax rows", sm, {"x": rng.standard_normal((1, 16, 16)).astype(F32)},
+                {"x": rng.standard_normal((2, 24, 16)).astype(F32)}))
     scale = numpy_helper.from_array(rng.uniform(0.5, 1.5, 8).astype(F32), "scale")
     bias = numpy_helper.from_array(rng.standard_normal(8).astype(F32), "bias")
     ln = _model([helper.make_node("LayerNormalization", ["x", "scale", "bias"], ["y"], axis=-1)],
@@ -229,13 +229,16 @@ def test_a_uniform_that_is_not_derived_is_an_error(info):
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 #: pipelines a second batch size / sequence length compiles (benchmarks/second_shape_compiles.py;
-#: on main before shape-polymorphic pipelines: cnn 12/12/22, mlp 14/14/14, transformer 26/26/22)
+#: cnn N 1 -> 2, mlp N 8 -> 16, transformer B 1 -> 2 and S 16 -> 24; on main before
+#: shape-polymorphic pipelines: cnn 12/12/22, mlp 14/14/14, transformer 26/26/22)
 SECOND_SHAPE = {("cnn", "qoperator"): 9, ("cnn", "qdq"): 9, ("cnn", "dynamic"): 8,
                 ("mlp", "qoperator"): 9, ("mlp", "qdq"): 9, ("mlp", "dynamic"): 6,
-                ("transformer", "qoperator"): 15, ("transformer", "qdq"): 15, ("transformer", "dynamic"): 8}
+                ("transformer", "qoperator"): 15, ("transformer", "qdq"): 15, ("transformer", "dynamic"): 9}
 #: the kernels that still bake their sizes in: the gemm templates (qmatmul-*, qconv-*, qgemm-*,
-#: matmul), being rewritten for single-pass requantization: the next to convert
-NOT_CONVERTED = {"QLinearConv", "QLinearMatMul", "QGemm", "ConvInteger", "MatMulInteger", "MatMul"}
+#: matmul), being rewritten for single-pass requantization: the next to convert; and Softmax's
+#: serial variant, which keeps its row length a constant (a runtime one made it 30x slower on
+#: llvmpipe): the attention scores' softmax compiles again for a new sequence length
+NOT_CONVERTED = {"QLinearConv", "QLinearMatMul", "QGemm", "ConvInteger", "MatMulInteger", "MatMul", "Softmax"}
 
 
 @pytest.mark.parametrize("family,fmt", sorted(SECOND_SHAPE))
