@@ -54,6 +54,9 @@ class UniformScalar:
     def __hash__(self) -> int:
         return hash((self.member, self.wgsl_type))
 
+    def __format__(self, spec: str) -> str:  # "%s" / "{}" write the WGSL read; "%d" and the like fail
+        return str(self) if spec in ("", "s") else self.misuse()
+
     def misuse(self, *_args: Any, **_kw: Any) -> Any:
         raise UniformMisuse(f"{self.name} is a runtime uniform (declared in the spec's \"uniforms\"): "
                             f"the template uses it at Jinja level (a comparison, arithmetic, a test, a "
@@ -61,15 +64,13 @@ class UniformScalar:
                             f"\"uniforms\" or use it only as a WGSL value")
 
 
+#: every operation Jinja could apply to a plan-time number: each fails on a guard
 for _dunder in ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__bool__", "__int__",
                 "__float__", "__index__", "__add__", "__radd__", "__sub__", "__rsub__", "__mul__",
                 "__rmul__", "__truediv__", "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__",
                 "__rmod__", "__pow__", "__rpow__", "__neg__", "__pos__", "__abs__", "__round__", "__len__",
-                "__iter__", "__getitem__", "__contains__", "__format__", "__and__", "__or__", "__lshift__",
-                "__rshift__"):
+                "__iter__", "__getitem__", "__contains__", "__and__", "__or__", "__lshift__", "__rshift__"):
     setattr(UniformScalar, _dunder, UniformScalar.misuse)
-UniformScalar.__format__ = lambda self, spec: str(self) if spec in ("", "s") else self.misuse()  # "%s" only
-UniformScalar.__hash__ = lambda self: hash((self.member, self.wgsl_type))  # type: ignore[method-assign]
 
 
 def _check_tests(env: jinja2.Environment) -> None:
