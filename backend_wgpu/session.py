@@ -159,6 +159,9 @@ class Session:
     ``fuse_qdq``: replace QDQ node units (DequantizeLinear -> Conv/MatMul/Add/... -> QuantizeLinear)
     by the QLinear kernels onnxruntime substitutes from ``ORT_ENABLE_EXTENDED`` on (qdq_fusion.py;
     ``fusion`` lists them); False runs every node as written (onnxruntime's ``ORT_DISABLE_ALL``).
+    ``fuse_elementwise``: run each group of float32 elementwise nodes (a chain or small tree of
+    table ops, each intermediate read once) as one generated kernel (elementwise_fusion.py;
+    ``elementwise_fusion`` lists them); False runs them one kernel per node.
 
     ``stats`` (:class:`~backend_wgpu.executor.SessionStats`) counts what the session did:
     plans, pipelines compiled, buffers allocated, bind groups, submits, read-backs, bytes
@@ -181,6 +184,7 @@ class Session:
         profile: bool = False,
         fuse_qdq: bool = True,
         fold_batch_norm: bool = True,
+        fuse_elementwise: bool = True,
     ) -> None:
         self._lock = threading.RLock()  # one run at a time per session: backend_wgpu/locking.py
         self.budget = resolve_budget(memory_budget)
@@ -191,10 +195,13 @@ class Session:
         self.folded_batch_norms = self._fold_batch_norm(fold_batch_norm)
         #: the QDQ node units replaced by QLinear kernels (qdq_fusion.py), empty with fuse_qdq=False
         self.fusion = self._fuse(fuse_qdq)
+        #: the float32 elementwise groups run as one kernel each (elementwise_fusion.py)
+        self.elementwise_fusion = self._fuse_elementwise(fuse_elementwise)
         #: If / Loop runners (control_flow.py), per node index, built on first run
         self._control: dict[int, Any] = {}
         self._body_options = {"allow_host_fallback": allow_host_fallback, "memory_budget": self.budget,
-                              "fuse_qdq": fuse_qdq, "fold_batch_norm": fold_batch_norm, "specs": self._specs, "tunables": tunables, "variants": variants}
+                              "fuse_qdq": fuse_qdq, "fold_batch_norm": fold_batch_norm,
+                              "fuse_elementwise": fuse_elementwise, "specs": self._specs, "tunables": tunables, "variants": variants}
         graph = self.model.graph
         self.allow_host_fallback = bool(allow_host_fallback)
         self._opsets = {(imp.domain or ""): imp.version for imp in self.model.opset_import}
@@ -272,19 +279,35 @@ class Session:
         if not enabled:
             return FusionResult(self.model)
 
-        def supported(node: onnx.NodeProto, domain: str, version: int) -> str:
-            if domain in DEFAULT_DOMAINS and node.op_type in VIEW_OPS:
-                return ""  # a view of its (quantized) input
-            spec = self._specs.find(domain, node.op_type, version)
-            if spec is None:
-                return f"no GPU kernel for {self._op_text(domain, node.op_type)} at opset {version}"
-            return self._spec_rejects(spec, node)
-
-        result = fuse_qdq(self.model, elem_of=self._elem, supported=supported)
+        result = fuse_qdq(self.model, elem_of=self._elem, supported=self._kernel_takes)
         if result.units:
             self._replace_model(result.model)
         self._fused_units = {u.node.output[0]: u for u in result.units}
         return result
+
+    def _fuse_elementwise(self, enabled: bool):
+        """After QDQ fusion: groups of float32 elementwise nodes become one FusedElementwise node
+        each (elementwise_fusion.py); a group runs as written on the host if its kernel declines."""
+        from onnx_quant.backend_wgpu.elementwise_fusion import fuse_elementwise  # noqa: PLC0415
+        from onnx_quant.backend_wgpu.qdq_fusion import FusionResult  # noqa: PLC0415
+
+        if not enabled:
+            return FusionResult(self.model)
+        result = fuse_elementwise(self.model, elem_of=self._elem, supported=self._kernel_takes,
+                                  spec_of=lambda node, version: self._specs.find("", node.op_type, version))
+        if result.units:
+            self._replace_model(result.model)
+            self._fused_units.update({u.node.output[0]: u for u in result.units})
+        return result
+
+    def _kernel_takes(self, node: onnx.NodeProto, domain: str, version: int) -> str:
+        """Why no kernel spec takes a node a construction phase writes ('' if one does)."""
+        if domain in DEFAULT_DOMAINS and node.op_type in VIEW_OPS:
+            return ""  # a view of its (quantized) input
+        spec = self._specs.find(domain, node.op_type, version)
+        if spec is None:
+            return f"no GPU kernel for {self._op_text(domain, node.op_type)} at opset {version}"
+        return self._spec_rejects(spec, node)
 
     @staticmethod
     def _registry(specs: Any):
