@@ -11,7 +11,7 @@ one thread, quantizes the whole [batch, H] state at once.
 Tolerance ``ATOL`` = 1e-5 (absolute; outputs here are within a few units): the integer parts
 (uint8 activations, int32 sums) are exact and the scaling and bias adds are rounded as onnxruntime
 rounds them, so what differs is the sigmoid / tanh (MLAS's polynomials against the kernel's) and
-float32 contractions in the cell update: measured max |diff| 7.2e-7 over every case below
+float32 contractions in the cell update: measured max |diff| 8.3e-7 over every case below
 (see the printed lines). One quantization step moved anywhere would show as ~1e-3 (an 8-bit
 state step, 1/255 of its range, times a weight of order 1): ``test_tolerance_sees_one_state_step``
 checks that such a change exceeds ATOL by far.
@@ -196,3 +196,22 @@ def test_state_range_spans_the_batch(best):
     feeds2["initial_h"][:, 1] *= 8  # only row 1 changes: row 0's state range widens
     got2, _ = assert_matches_onnxruntime(model, feeds2, best, "batch 2, row 1 scaled")
     assert float(np.abs(got[0][:, :, 0] - got2[0][:, :, 0]).max()) > 20 * ATOL
+
+
+def test_a_batch_beyond_workgroup_memory_is_refused(best):
+    """The kernel holds the whole batch's state and input row in workgroup memory; where that does
+    not fit it declines, and no host path exists for the com.microsoft op: a typed refusal."""
+    from onnx_quant.errors import ExecutionError
+
+    hidden, inp = 256, 64
+    limit = best.info.limits["maxComputeWorkgroupStorageSize"]
+    batch = limit // (4 * (2 * hidden + inp)) + 1
+    model, feeds = one_node(seq=2, batch=batch, inp=inp, hidden=hidden)
+    with pytest.raises(ExecutionError, match="DynamicQuantizeLSTM"):
+        with Session(model, device=best, allow_host_fallback=False) as s:
+            s.run(None, feeds)
+    # the spec's sharedBytes: the state, its quantized copy and the input row, 4 bytes each, and
+    # the min/max reduction's two words per invocation (256 of them)
+    fitting = (limit - 8 * 256 - 16) // (4 * (2 * hidden + inp))
+    fits, fits_feeds = one_node(seq=2, batch=fitting, inp=inp, hidden=hidden)
+    assert_matches_onnxruntime(fits, fits_feeds, best, "the largest batch that fits")
