@@ -215,3 +215,23 @@ def test_a_batch_beyond_workgroup_memory_is_refused(best):
     fitting = (limit - 8 * 256 - 16) // (4 * (2 * hidden + inp))
     fits, fits_feeds = one_node(seq=2, batch=fitting, inp=inp, hidden=hidden)
     assert_matches_onnxruntime(fits, fits_feeds, best, "the largest batch that fits")
+
+
+@pytest.mark.parametrize("wtype,zero_points,why", [
+    (np.int8, lambda shape: np.full(shape, 3, np.int8), "int8 weights with a non-zero zero point"),
+    (np.uint8, lambda shape: np.arange(int(np.prod(shape))).reshape(shape).astype(np.uint8) + 100,
+     "per-column zero points that differ"),
+])
+def test_zero_points_the_kernel_cannot_honour_are_declined(best, wtype, zero_points, why):
+    """onnxruntime's kernel reads one zero point per direction and refuses non-zero int8 ones; the
+    kernel declines any other zero points (a typed refusal naming the clause), never returns a value
+    that ignores them."""
+    from onnx_quant.errors import ExecutionError
+
+    model, feeds = one_node(wtype=wtype, per_channel=True)
+    for init in model.graph.initializer:
+        if init.name in ("W_zero_point", "R_zero_point"):
+            init.CopyFrom(numpy_helper.from_array(zero_points(tuple(init.dims)), init.name))
+    with pytest.raises(ExecutionError, match="zeroPointsOk"):
+        with Session(model, device=best, allow_host_fallback=False) as s:
+            s.run(None, feeds)
