@@ -3,8 +3,8 @@ DBNet (Resize and ConvTranspose), torch transformer block, CRNN with a bidirecti
 QOperator, QDQ and dynamic form, on the GPU against onnxruntime CPU on the same inputs.
 
 Each variant runs with ``allow_host_fallback=False`` unless :data:`HOST` names the op types it still
-needs the host for (then with fallback, those exactly); :data:`REFUSED` names what no session can
-run. Agreement: ``max|diff| <= rtol * max|expected|`` with ``FLOAT_RTOL`` for float and dynamic forms
+needs the host for (then with fallback, those exactly); every variant runs (the dynamic CRNN's
+com.microsoft DynamicQuantizeLSTM has a GPU kernel). Agreement: ``max|diff| <= rtol * max|expected|`` with ``FLOAT_RTOL`` for float and dynamic forms
 (float32 sums in another order; the dynamic forms' integer parts are exact) and ``STATIC_RTOL`` for
 QOperator and QDQ (a requantization that lands on a rounding boundary may move one element a
 quantization step; QDQ runs fused, as optimized onnxruntime does, and is compared with it).
@@ -32,9 +32,6 @@ HOST = {
     # states) left the host with their kernels
     **{f"yolo_head-{f}": {"NonZero"} for f in em.FORMS},
 }
-#: variants no session can run: what refuses them (crnn-dynamic left when DynamicQuantizeLSTM got
-#: its GPU kernel)
-REFUSED: dict[str, str] = {}
 
 
 def _model(case):
@@ -61,7 +58,7 @@ def _onnxruntime(model, feeds, optimized):
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c not in REFUSED])
+@pytest.mark.parametrize("case", CASES)
 def test_exported_model_on_the_gpu_matches_onnxruntime(best, case):
     from onnx_quant.backend_wgpu.session import Session
 
@@ -84,16 +81,3 @@ def test_exported_model_on_the_gpu_matches_onnxruntime(best, case):
             continue
         scale = float(np.abs(w.astype(np.float64)).max(initial=0))
         assert float(np.abs(g.astype(np.float64) - w).max(initial=0)) <= rtol * scale + 1e-6
-
-
-@pytest.mark.parametrize("case", sorted(REFUSED))
-def test_exported_model_no_session_can_run_is_refused(best, case):
-    from onnx_quant.backend_wgpu.session import Session
-    from onnx_quant.errors import ExecutionError
-
-    model, feeds = _model(case)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with pytest.raises(ExecutionError, match=re.escape(REFUSED[case])):
-            with Session(model, device=best) as s:
-                s.run(None, feeds)
