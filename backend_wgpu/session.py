@@ -159,6 +159,10 @@ class Session:
     ``fuse_qdq``: replace QDQ node units (DequantizeLinear -> Conv/MatMul/Add/... -> QuantizeLinear)
     by the QLinear kernels onnxruntime substitutes from ``ORT_ENABLE_EXTENDED`` on (qdq_fusion.py;
     ``fusion`` lists them); False runs every node as written (onnxruntime's ``ORT_DISABLE_ALL``).
+    ``fuse_dynamic``: replace dynamic-quantization units (DynamicQuantizeLinear -> MatMulInteger /
+    ConvInteger -> Cast -> Mul [-> Add] [-> Relu]) by one fused node each (dynamic_fusion.py:
+    com.microsoft DynamicQuantizeMatMul / MatMulIntegerToFloat as onnxruntime from
+    ``ORT_ENABLE_EXTENDED`` on, or this project's fused ops; ``dynamic_fusion`` lists them).
 
     ``stats`` (:class:`~backend_wgpu.executor.SessionStats`) counts what the session did:
     plans, pipelines compiled, buffers allocated, bind groups, submits, read-backs, bytes
@@ -181,6 +185,7 @@ class Session:
         profile: bool = False,
         fuse_qdq: bool = True,
         fold_batch_norm: bool = True,
+        fuse_dynamic: bool = True,
     ) -> None:
         self._lock = threading.RLock()  # one run at a time per session: backend_wgpu/locking.py
         self.budget = resolve_budget(memory_budget)
@@ -191,10 +196,13 @@ class Session:
         self.folded_batch_norms = self._fold_batch_norm(fold_batch_norm)
         #: the QDQ node units replaced by QLinear kernels (qdq_fusion.py), empty with fuse_qdq=False
         self.fusion = self._fuse(fuse_qdq)
+        #: the dynamic-quantization units (DynamicQuantizeLinear -> MatMulInteger / ConvInteger ->
+        #: Cast -> Mul [-> Add] [-> Relu]) replaced by one fused node each (dynamic_fusion.py)
+        self.dynamic_fusion = self._fuse_dynamic(fuse_dynamic)
         #: If / Loop runners (control_flow.py), per node index, built on first run
         self._control: dict[int, Any] = {}
         self._body_options = {"allow_host_fallback": allow_host_fallback, "memory_budget": self.budget,
-                              "fuse_qdq": fuse_qdq, "fold_batch_norm": fold_batch_norm, "specs": self._specs, "tunables": tunables, "variants": variants}
+                              "fuse_qdq": fuse_qdq, "fold_batch_norm": fold_batch_norm, "fuse_dynamic": fuse_dynamic, "specs": self._specs, "tunables": tunables, "variants": variants}
         graph = self.model.graph
         self.allow_host_fallback = bool(allow_host_fallback)
         self._opsets = {(imp.domain or ""): imp.version for imp in self.model.opset_import}
@@ -271,19 +279,31 @@ class Session:
         self._fused_units: dict[str, Any] = {}
         if not enabled:
             return FusionResult(self.model)
+        return self._apply_fusion(fuse_qdq(self.model, elem_of=self._elem, supported=self._fusion_supported))
 
-        def supported(node: onnx.NodeProto, domain: str, version: int) -> str:
-            if domain in DEFAULT_DOMAINS and node.op_type in VIEW_OPS:
-                return ""  # a view of its (quantized) input
-            spec = self._specs.find(domain, node.op_type, version)
-            if spec is None:
-                return f"no GPU kernel for {self._op_text(domain, node.op_type)} at opset {version}"
-            return self._spec_rejects(spec, node)
+    def _fuse_dynamic(self, enabled: bool):
+        """Phase 0 too: dynamic-quantization units onto one fused kernel each (dynamic_fusion.py)."""
+        from onnx_quant.backend_wgpu.dynamic_fusion import fuse_dynamic  # noqa: PLC0415
+        from onnx_quant.backend_wgpu.qdq_fusion import FusionResult  # noqa: PLC0415
 
-        result = fuse_qdq(self.model, elem_of=self._elem, supported=supported)
+        if not enabled:
+            return FusionResult(self.model)
+        return self._apply_fusion(fuse_dynamic(self.model, elem_of=self._elem, supported=self._fusion_supported))
+
+    def _fusion_supported(self, node: onnx.NodeProto, domain: str, version: int) -> str:
+        """Why no kernel spec takes a fusion phase's replacement node ('' if one does)."""
+        if domain in DEFAULT_DOMAINS and node.op_type in VIEW_OPS:
+            return ""  # a view of its (quantized) input
+        spec = self._specs.find(domain, node.op_type, version)
+        if spec is None:
+            return f"no GPU kernel for {self._op_text(domain, node.op_type)} at opset {version}"
+        return self._spec_rejects(spec, node)
+
+    def _apply_fusion(self, result):
+        """A fusion phase's model becomes the session's; its units are remembered (host fallback)."""
         if result.units:
             self._replace_model(result.model)
-        self._fused_units = {u.node.output[0]: u for u in result.units}
+        self._fused_units.update({u.node.output[0]: u for u in result.units})
         return result
 
     @staticmethod

@@ -1,0 +1,35 @@
+"""The project-internal fused operators (domain ``ai.onnx_quant``) that
+backend_wgpu/dynamic_fusion.py writes where onnxruntime's contrib schema has no operator with
+the unit's semantics:
+
+==========================  ==============================================================
+DynamicQuantizeMatMul       com.microsoft's inputs, ``activation`` ("" or "Relu") applied last
+MatMulIntegerToFloat        com.microsoft's inputs, ``activation`` as above
+DynamicQuantizeConv         x (float), w (int8/uint8), w_scale, w_zero_point?, bias? -> y
+                            (x's type, ConvInteger's shape; Conv's attributes, ``activation``)
+==========================  ==============================================================
+"""
+
+from __future__ import annotations
+
+from onnx_quant.inference.context import TensorInfo
+from onnx_quant.inference.registry import register
+from onnx_quant.inference.rules import shape_math
+from onnx_quant.inference.rules._wm_common import FLOAT, need, shape_problem
+from onnx_quant.inference.rules.com_microsoft import dynamic_quantize_matmul, matmul_integer_to_float
+from onnx_quant.inference.rules.nn import conv_attrs
+
+DOMAIN = "ai.onnx_quant"
+
+register("DynamicQuantizeMatMul", 1, domain=DOMAIN)(dynamic_quantize_matmul)
+register("MatMulIntegerToFloat", 1, domain=DOMAIN)(matmul_integer_to_float)
+
+
+@register("DynamicQuantizeConv", 1, domain=DOMAIN)
+def dynamic_quantize_conv(ctx, n) -> None:
+    x, w, _ = need(n, "DynamicQuantizeConv", "x", "w", "w_scale")
+    try:
+        shape = shape_math.conv_output_shape(x.shape, w.shape, **conv_attrs(n))
+    except shape_math.ShapeProblem as p:
+        shape_problem(n, "DynamicQuantizeConv", p)
+    n.set_output(0, TensorInfo(x.elem_type or FLOAT, shape))
