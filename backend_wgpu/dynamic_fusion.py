@@ -110,12 +110,19 @@ def _constant(G: _Graph, name: str) -> np.ndarray | None:
     return None
 
 
-def _per_output(v: np.ndarray, n: int, conv: bool) -> bool:
-    """One value per output column (matmul: [n], or 1s then n) / channel (conv: [n] or [1, n, 1...])."""
+def _per_output(v: np.ndarray, n: int, conv: bool, nsp: int, per_tensor: bool) -> bool:
+    """Whether v, broadcast against the unit's output, holds one value per output column (matmul:
+    shape [n]) / channel (conv with nsp spatial axes: n on the channel axis, e.g. [1, n, 1, 1] or
+    [n, 1, 1]), or (per_tensor) one value, without changing the output's shape."""
     s = list(v.shape)
     if conv:
-        return s == [n] or (len(s) >= 2 and s[1] == n and all(d == 1 for i, d in enumerate(s) if i != 1))
-    return len(s) >= 1 and s[-1] == n and all(d == 1 for d in s[:-1])
+        if len(s) > nsp + 2:
+            return False
+        if per_tensor and all(d == 1 for d in s):
+            return True
+        c = len(s) - nsp - 1
+        return c >= 0 and s[c] == n and all(d == 1 for i, d in enumerate(s) if i != c)
+    return s == [n] or (per_tensor and s in ([], [1]))
 
 
 def _select(G: _Graph, i: int) -> tuple[onnx.NodeProto, list[int], str]:
@@ -148,6 +155,7 @@ def _select(G: _Graph, i: int) -> tuple[onnx.NodeProto, list[int], str]:
     # the unit's output channels: B's last dim / w's first
     B = G.constant(b_name)
     n_out = (B.shape[0] if conv else B.shape[-1]) if B is not None and B.ndim >= 1 else None
+    nsp = B.ndim - 2 if B is not None else 0
     # the DynamicQuantizeLinear form: A, its scale and zero point all from one DQL used only here
     d = G.producer.get(a_name)
     dql = None
@@ -177,7 +185,7 @@ def _select(G: _Graph, i: int) -> tuple[onnx.NodeProto, list[int], str]:
     if n_out is None:
         if dql is not None or conv:
             raise Decline("the weights are not constant")
-    elif bs.size != 1 and not _per_output(bs, n_out, conv):
+    elif not _per_output(bs, n_out, conv, nsp, per_tensor=True):
         raise Decline(f"the weight scale's shape {list(bs.shape)} is neither per-tensor nor per-output ({n_out})")
     if dql is not None and b_zp and G.constant(b_zp) is None:
         raise Decline("the weight zero point is not constant")
@@ -188,7 +196,7 @@ def _select(G: _Graph, i: int) -> tuple[onnx.NodeProto, list[int], str]:
     if nxt is not None and _op(G.nodes[nxt[0]], "Add") and len(G.nodes[nxt[0]].input) == 2:
         other = G.nodes[nxt[0]].input[1 - nxt[1]]
         bv = _constant(G, other)
-        if bv is not None and n_out is not None and n_out > 1 and _per_output(bv, n_out, conv) \
+        if bv is not None and n_out is not None and n_out > 1 and _per_output(bv, n_out, conv, nsp, per_tensor=False) \
                 and bv.dtype == np.float32:
             bias, last = other, nxt[0]
             members.append(last)
