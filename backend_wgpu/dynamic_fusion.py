@@ -26,18 +26,20 @@ MatMulInteger -> Cast -> Mul [-> Add]          com.microsoft MatMulIntegerToFloa
 ... -> Relu (either form)                      ai.onnx_quant DynamicQuantizeMatMul /
                                                MatMulIntegerToFloat, ``activation="Relu"``
 DQL -> ConvInteger -> Cast -> Mul [-> Add]     ai.onnx_quant DynamicQuantizeConv (Conv's
-[-> Relu]                                      attributes, ``activation``); bias [M] or
-                                               [1, M, 1, ...]
+[-> Relu]                                      attributes, ``activation``); scale and bias
+                                               on the channel axis ([1, M, 1, 1], [M, 1, 1])
+ConvInteger -> Cast -> Mul [-> Add] [-> Relu]  ai.onnx_quant ConvIntegerToFloat (the DQL
+(x not from a DQL of its own)                  stays)
 =============================================  ==============================================
 
 Conditions (each decline is recorded with its reason, :attr:`FusionResult.declined`): the
 Cast is to float32; every inner value (the integer product, the cast, the scale product, the
 scaled product, the biased sum) has one consumer and is no graph output; the scale product is
 a Mul of a per-tensor activation scale (the DQL's scale, or a scalar constant) and a constant
-weight scale that is per-tensor or has one value per output column / channel; the bias is
-constant with one value per column / channel; B / w and its zero point are constant in the
-DynamicQuantize forms (onnxruntime's check); a ConvInteger whose DQL is shared is not fused
-(no kernel: ConvIntegerToFloat). Arithmetic is the unfused graph's: y = f32(acc) * (a_scale *
+weight scale that is per-tensor or has one value per output column (1-D [N]) / channel (on
+the channel axis: a 1-D [M] would broadcast over the width); the bias is constant with one
+value per column / channel (and more than one column, as onnxruntime); B / w and its zero point are constant in the
+DynamicQuantize forms (onnxruntime's check). Arithmetic is the unfused graph's: y = f32(acc) * (a_scale *
 b_scale[col]) (+ bias[col]) (then max(., 0)), each operation rounded once, in that order.
 
 The unit's original nodes are kept (:attr:`FusedUnit.nodes`): a fused node a kernel declines
@@ -169,8 +171,6 @@ def _select(G: _Graph, i: int) -> tuple[onnx.NodeProto, list[int], str]:
     if dql is not None:
         a_scale, b_scale = (s0, s1) if s0 == G.nodes[dql].output[1] else (s1, s0)
     else:
-        if conv:
-            raise Decline("its DynamicQuantizeLinear is shared or absent (no ConvIntegerToFloat kernel)")
         pairs = ((s0, s1), (s1, s0))
         pick = next(((a, b) for a, b in pairs if _is_dql_scale(G, a) and G.constant(b) is not None), None)
         if pick is None:  # a constant per-tensor A scale (both constant: the order as written)
@@ -208,12 +208,15 @@ def _select(G: _Graph, i: int) -> tuple[onnx.NodeProto, list[int], str]:
     out = G.nodes[last].output[0]
     name = target.name or out
     if conv:
-        ins = [G.nodes[dql].input[0], b_name, b_scale, b_zp, bias]
-        node = helper.make_node("DynamicQuantizeConv", _trim(ins), [out], name=name, domain=INTERNAL_DOMAIN)
+        if dql is not None:
+            op, ins, rule = "DynamicQuantizeConv", [G.nodes[dql].input[0], b_name, b_scale, b_zp, bias], "dynamic_conv"
+            members.append(dql)
+        else:
+            op, ins, rule = "ConvIntegerToFloat", [a_name, b_name, a_scale, b_scale, a_zp, b_zp, bias], "conv_integer_to_float"
+        node = helper.make_node(op, _trim(ins), [out], name=name, domain=INTERNAL_DOMAIN)
         node.attribute.extend(a for a in target.attribute)
         node.attribute.append(helper.make_attribute("activation", activation))
-        members.append(dql)
-        return node, sorted(members), "dynamic_conv"
+        return node, sorted(members), rule
     if dql is not None:
         op, ins, rule = "DynamicQuantizeMatMul", [G.nodes[dql].input[0], b_name, b_scale, b_zp, bias], "dynamic_matmul"
         members.append(dql)

@@ -7,6 +7,8 @@ DynamicQuantizeMatMul       com.microsoft's inputs, ``activation`` ("" or "Relu"
 MatMulIntegerToFloat        com.microsoft's inputs, ``activation`` as above
 DynamicQuantizeConv         x (float), w (int8/uint8), w_scale, w_zero_point?, bias? -> y
                             (x's type, ConvInteger's shape; Conv's attributes, ``activation``)
+ConvIntegerToFloat          x, w (int8/uint8), x_scale, w_scale, x_zero_point?, w_zero_point?,
+                            bias? -> y (the scales' type, ConvInteger's shape; as above)
 ==========================  ==============================================================
 """
 
@@ -25,11 +27,21 @@ register("DynamicQuantizeMatMul", 1, domain=DOMAIN)(dynamic_quantize_matmul)
 register("MatMulIntegerToFloat", 1, domain=DOMAIN)(matmul_integer_to_float)
 
 
-@register("DynamicQuantizeConv", 1, domain=DOMAIN)
-def dynamic_quantize_conv(ctx, n) -> None:
-    x, w, _ = need(n, "DynamicQuantizeConv", "x", "w", "w_scale")
+def _conv_to_float(n, rule: str, x, w, elem: int) -> None:
     try:
         shape = shape_math.conv_output_shape(x.shape, w.shape, **conv_attrs(n))
     except shape_math.ShapeProblem as p:
-        shape_problem(n, "DynamicQuantizeConv", p)
-    n.set_output(0, TensorInfo(x.elem_type or FLOAT, shape))
+        shape_problem(n, rule, p)
+    n.set_output(0, TensorInfo(elem or FLOAT, shape))
+
+
+@register("DynamicQuantizeConv", 1, domain=DOMAIN)
+def dynamic_quantize_conv(ctx, n) -> None:
+    x, w, _ = need(n, "DynamicQuantizeConv", "x", "w", "w_scale")
+    _conv_to_float(n, "DynamicQuantizeConv", x, w, x.elem_type)
+
+
+@register("ConvIntegerToFloat", 1, domain=DOMAIN)
+def conv_integer_to_float(ctx, n) -> None:
+    x, w, x_scale, _ = need(n, "ConvIntegerToFloat", "x", "w", "x_scale", "w_scale")
+    _conv_to_float(n, "ConvIntegerToFloat", x, w, x_scale.elem_type)

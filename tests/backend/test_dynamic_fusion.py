@@ -147,10 +147,12 @@ def test_shared_dql_keeps_the_dql_and_fuses_matmul_integer_to_float():
     assert ("", "DynamicQuantizeLinear") in _ops(r.model) and ("", "MatMulInteger") not in _ops(r.model)
 
 
-def test_shared_dql_declines_the_conv_unit():
-    r = fuse_dynamic(_mm_unit(shared=True, conv=True, per_channel=False))
-    assert r.units == [] and r.model.graph.node == _mm_unit(shared=True, conv=True, per_channel=False).graph.node
-    assert "shared" in r.declined[0][2]
+def test_shared_dql_conv_unit_becomes_conv_integer_to_float():
+    r = fuse_dynamic(_mm_unit(shared=True, conv=True))
+    (u,) = r.units
+    assert (u.rule, u.node.domain, u.node.op_type) == ("conv_integer_to_float", INTERNAL_DOMAIN, "ConvIntegerToFloat")
+    assert list(u.node.input) == ["xq", "W", "xs", "w_scale", "xz", "w_zp", "bias"]
+    assert ("", "DynamicQuantizeLinear") in _ops(r.model) and ("", "ConvInteger") not in _ops(r.model)
 
 
 @pytest.mark.parametrize("kwargs, words", [
@@ -242,6 +244,13 @@ def test_matmul_integer_to_float_unit(best, per_channel):
 def test_dynamic_quantize_conv_unit(best, per_channel, relu):
     ids = _check_against_ort(best, _mm_unit(conv=True, per_channel=per_channel, relu=relu), "DynamicQuantizeConv")
     assert set(ids) == {"fused", "two_pass"}
+
+
+@pytest.mark.parametrize("w_type", [TensorProto.INT8, TensorProto.UINT8])
+@pytest.mark.parametrize("relu", [False, True])
+def test_conv_integer_to_float_unit(best, w_type, relu):
+    ids = _check_against_ort(best, _mm_unit(conv=True, shared=True, w_type=w_type, relu=relu), "ConvIntegerToFloat")
+    assert ids == ["gemm"]
 
 
 def test_contrib_dynamic_quantize_matmul_node(best):
