@@ -316,3 +316,26 @@ def test_zoo_dynamic_models_dispatches_and_values(best, family, tmp_path):
         want = _ort(model, feeds, level)[0]
         assert float(np.abs(got - want).max()) <= _tol(want) + (5e-7 if family == "transformer" else 0)
     assert float(np.abs(got - unfused).max()) <= _tol(unfused)
+
+
+def test_dynamic_quantize_matmul_many_tiles(best):
+    """rows, columns and k each past one workgroup tile (ROW_TILE 8, 64 columns, K_TILE 64)."""
+    ids = _check_against_ort(best, _mm_unit(rows=19, n=130, k=150, relu=True), "DynamicQuantizeMatMul")
+    assert set(ids) == {"fused", "two_pass"}
+
+
+@pytest.mark.parametrize("op_type, conv", [("DynamicQuantizeMatMul", False), ("DynamicQuantizeConv", True)])
+def test_planner_ranks_fused_then_two_pass(best, op_type, conv):
+    """The one-pass variant while every workgroup's reduction of the activation stays within
+    FUSED_MAX_REDUCE_READS (workgroups x numel), else the two-pass one."""
+    from onnx_quant.backend_wgpu.session import Session
+
+    model = _mm_unit(conv=conv)
+    shapes = {k: v.shape for k, v in _feeds(model).items()}
+    chosen = {}
+    for reads in (None, 1):
+        tunables = {} if reads is None else {"FUSED_MAX_REDUCE_READS": reads}
+        with Session(model, device=best, tunables=tunables) as s:
+            (entry,) = [e for e in s.explain(shapes) if e["op_type"] == op_type]
+            chosen[reads] = (entry["variant"], len(entry["passes"]))
+    assert chosen == {None: ("fused", 1), 1: ("two_pass", 2)}
