@@ -339,3 +339,31 @@ def test_planner_ranks_fused_then_two_pass(best, op_type, conv):
             (entry,) = [e for e in s.explain(shapes) if e["op_type"] == op_type]
             chosen[reads] = (entry["variant"], len(entry["passes"]))
     assert chosen == {None: ("fused", 1), 1: ("two_pass", 2)}
+
+
+def test_declined_fused_node_runs_as_the_unit_on_the_host(best):
+    """A batched (3-D) B: the fused DynamicQuantizeMatMul's kernel declines it (2-D B only), so
+    the node runs on the host as the unit as written, with onnxruntime's values."""
+    from onnx_quant.backend_wgpu.session import Session
+
+    rng = np.random.default_rng(5)
+    W = rng.integers(-127, 128, [2, 16, 5]).astype(np.int8)
+    inits = [numpy_helper.from_array(W, "W"), numpy_helper.from_array(np.float32(0.01), "w_scale"),
+             numpy_helper.from_array(np.int8(3), "w_zp")]
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+             helper.make_node("Mul", ["xs", "w_scale"], ["s"]),
+             helper.make_node("MatMulInteger", ["xq", "W", "xz", "w_zp"], ["acc"]),
+             helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["accf", "s"], ["y"])]
+    g = helper.make_graph(nodes, "batched", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 5])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    feeds = _feeds(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Session(model, device=best) as s:
+            assert [u.rule for u in s.dynamic_fusion.units] == ["dynamic_matmul"]
+            got = s.run(None, feeds)[0]
+            (entry,) = s.explain({"x": (2, 3, 16)})
+    assert entry["device"] == "host" and entry["fused"]["rule"] == "dynamic_matmul"
+    assert np.array_equal(got, _ort(model, feeds, "ORT_DISABLE_ALL")[0])
