@@ -77,22 +77,21 @@ def _is_dql_scale(G: _Graph, name: str) -> bool:
     return p is not None and _op(G.nodes[p], "DynamicQuantizeLinear") and list(G.nodes[p].output)[1:2] == [name]
 
 
-def _only_consumer(G: _Graph, i: int, what: str) -> tuple[int, int]:
-    """The single (consumer, slot) of node i's first output; Decline when it has others or is a
-    graph output (onnxruntime's CheckOutputEdges(.., 1))."""
-    out = G.nodes[i].output[0]
-    edges = G.edges.get(out, [])
-    if out in G.outputs or len(edges) != 1 or edges[0][1] < 0:
-        raise Decline(f"{what} ({out!r}) has other consumers or is a graph output")
-    return edges[0]
-
-
 def _sole_consumer_or_none(G: _Graph, i: int) -> tuple[int, int] | None:
+    """The single (consumer, slot) of node i's first output, None when it has others (a subgraph
+    read counts) or is a graph output (onnxruntime's CheckOutputEdges(.., 1))."""
     out = G.nodes[i].output[0]
     edges = G.edges.get(out, [])
     if out in G.outputs or len(edges) != 1 or edges[0][1] < 0:
         return None
     return edges[0]
+
+
+def _only_consumer(G: _Graph, i: int, what: str) -> tuple[int, int]:
+    edge = _sole_consumer_or_none(G, i)
+    if edge is None:
+        raise Decline(f"{what} ({G.nodes[i].output[0]!r}) has other consumers or is a graph output")
+    return edge
 
 
 def _constant(G: _Graph, name: str) -> np.ndarray | None:
@@ -185,6 +184,8 @@ def _select(G: _Graph, i: int) -> tuple[onnx.NodeProto, list[int], str]:
     if n_out is None:
         if dql is not None or conv:
             raise Decline("the weights are not constant")
+        if bs.ndim > 1:
+            raise Decline(f"the weight scale's shape {list(bs.shape)} is not 1-D (B's columns unknown)")
     elif not _per_output(bs, n_out, conv, nsp, per_tensor=True):
         raise Decline(f"the weight scale's shape {list(bs.shape)} is neither per-tensor nor per-output ({n_out})")
     if dql is not None and b_zp and G.constant(b_zp) is None:
