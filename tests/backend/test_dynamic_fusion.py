@@ -367,3 +367,22 @@ def test_declined_fused_node_runs_as_the_unit_on_the_host(best):
             (entry,) = s.explain({"x": (2, 3, 16)})
     assert entry["device"] == "host" and entry["fused"]["rule"] == "dynamic_matmul"
     assert np.array_equal(got, _ort(model, feeds, "ORT_DISABLE_ALL")[0])
+
+
+@pytest.mark.parametrize("level, fused", [("ORT_DISABLE_ALL", False), ("ORT_ENABLE_BASIC", False),
+                                          ("ORT_ENABLE_EXTENDED", True), ("ORT_ENABLE_ALL", True)])
+def test_inference_session_fuses_from_extended_on(best, level, fused):
+    """As onnxruntime, whose MatMulIntegerToFloat / DynamicQuantizeMatMul fusions are level 2."""
+    import onnxruntime as ort
+
+    import onnx_quant
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+    model = _mm_unit()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sess = onnx_quant.InferenceSession(model.SerializeToString(), so, providers=["vulkan"])
+    assert bool(sess.session.dynamic_fusion.units) == fused
+    feeds = _feeds(model)
+    assert np.array_equal(sess.run(None, feeds)[0], _ort(model, feeds, "ORT_DISABLE_ALL")[0])
