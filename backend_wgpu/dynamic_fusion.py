@@ -54,11 +54,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from onnx_quant.backend_wgpu.elementwise_fusion import DOMAIN as INTERNAL_DOMAIN  # the project's fused ops
 from onnx_quant.backend_wgpu.graph_plan import DEFAULT_DOMAINS, subgraph_reads
 from onnx_quant.backend_wgpu.qdq_fusion import MS_DOMAIN, Decline, FusedUnit, FusionResult, _Graph
-
-#: the domain of the fused operators onnxruntime's contrib schema has no match for
-INTERNAL_DOMAIN = "ai.onnx_quant"
 
 TARGETS = ("MatMulInteger", "ConvInteger")
 

@@ -163,6 +163,9 @@ class Session:
     ConvInteger -> Cast -> Mul [-> Add] [-> Relu]) by one fused node each (dynamic_fusion.py:
     com.microsoft DynamicQuantizeMatMul / MatMulIntegerToFloat as onnxruntime from
     ``ORT_ENABLE_EXTENDED`` on, or this project's fused ops; ``dynamic_fusion`` lists them).
+    ``fuse_elementwise``: run each group of float32 elementwise nodes (a chain or small tree of
+    table ops, each intermediate read once) as one generated kernel (elementwise_fusion.py;
+    ``elementwise_fusion`` lists them); False runs them one kernel per node.
 
     ``stats`` (:class:`~backend_wgpu.executor.SessionStats`) counts what the session did:
     plans, pipelines compiled, buffers allocated, bind groups, submits, read-backs, bytes
@@ -186,6 +189,7 @@ class Session:
         fuse_qdq: bool = True,
         fold_batch_norm: bool = True,
         fuse_dynamic: bool = True,
+        fuse_elementwise: bool = True,
     ) -> None:
         self._lock = threading.RLock()  # one run at a time per session: backend_wgpu/locking.py
         self.budget = resolve_budget(memory_budget)
@@ -197,12 +201,16 @@ class Session:
         #: the QDQ node units replaced by QLinear kernels (qdq_fusion.py), empty with fuse_qdq=False
         self.fusion = self._fuse(fuse_qdq)
         #: the dynamic-quantization units (DynamicQuantizeLinear -> MatMulInteger / ConvInteger ->
-        #: Cast -> Mul [-> Add] [-> Relu]) replaced by one fused node each (dynamic_fusion.py)
+        #: Cast -> Mul [-> Add] [-> Relu]) replaced by one fused node each (dynamic_fusion.py);
+        #: before the elementwise groups, which would otherwise take their float tails
         self.dynamic_fusion = self._fuse_dynamic(fuse_dynamic)
+        #: the float32 elementwise groups run as one kernel each (elementwise_fusion.py)
+        self.elementwise_fusion = self._fuse_elementwise(fuse_elementwise)
         #: If / Loop runners (control_flow.py), per node index, built on first run
         self._control: dict[int, Any] = {}
         self._body_options = {"allow_host_fallback": allow_host_fallback, "memory_budget": self.budget,
-                              "fuse_qdq": fuse_qdq, "fold_batch_norm": fold_batch_norm, "fuse_dynamic": fuse_dynamic, "specs": self._specs, "tunables": tunables, "variants": variants}
+                              "fuse_qdq": fuse_qdq, "fold_batch_norm": fold_batch_norm, "fuse_dynamic": fuse_dynamic,
+                              "fuse_elementwise": fuse_elementwise, "specs": self._specs, "tunables": tunables, "variants": variants}
         graph = self.model.graph
         self.allow_host_fallback = bool(allow_host_fallback)
         self._opsets = {(imp.domain or ""): imp.version for imp in self.model.opset_import}
@@ -279,32 +287,50 @@ class Session:
         self._fused_units: dict[str, Any] = {}
         if not enabled:
             return FusionResult(self.model)
-        return self._apply_fusion(fuse_qdq(self.model, elem_of=self._elem, supported=self._fusion_supported))
+
+        result = fuse_qdq(self.model, elem_of=self._elem, supported=self._kernel_takes)
+        if result.units:
+            self._replace_model(result.model)
+        self._fused_units = {u.node.output[0]: u for u in result.units}
+        return result
 
     def _fuse_dynamic(self, enabled: bool):
-        """Phase 0 too: dynamic-quantization units onto one fused kernel each (dynamic_fusion.py)."""
+        """After QDQ fusion: dynamic-quantization units onto one fused node each (dynamic_fusion.py);
+        a unit runs as written on the host if its kernel declines."""
         from onnx_quant.backend_wgpu.dynamic_fusion import fuse_dynamic  # noqa: PLC0415
         from onnx_quant.backend_wgpu.qdq_fusion import FusionResult  # noqa: PLC0415
 
         if not enabled:
             return FusionResult(self.model)
-        return self._apply_fusion(fuse_dynamic(self.model, elem_of=self._elem, supported=self._fusion_supported))
+        result = fuse_dynamic(self.model, elem_of=self._elem, supported=self._kernel_takes)
+        if result.units:
+            self._replace_model(result.model)
+            self._fused_units.update({u.node.output[0]: u for u in result.units})
+        return result
 
-    def _fusion_supported(self, node: onnx.NodeProto, domain: str, version: int) -> str:
-        """Why no kernel spec takes a fusion phase's replacement node ('' if one does)."""
+    def _fuse_elementwise(self, enabled: bool):
+        """After QDQ fusion: groups of float32 elementwise nodes become one FusedElementwise node
+        each (elementwise_fusion.py); a group runs as written on the host if its kernel declines."""
+        from onnx_quant.backend_wgpu.elementwise_fusion import fuse_elementwise  # noqa: PLC0415
+        from onnx_quant.backend_wgpu.qdq_fusion import FusionResult  # noqa: PLC0415
+
+        if not enabled:
+            return FusionResult(self.model)
+        result = fuse_elementwise(self.model, elem_of=self._elem, supported=self._kernel_takes,
+                                  spec_of=lambda node, version: self._specs.find("", node.op_type, version))
+        if result.units:
+            self._replace_model(result.model)
+            self._fused_units.update({u.node.output[0]: u for u in result.units})
+        return result
+
+    def _kernel_takes(self, node: onnx.NodeProto, domain: str, version: int) -> str:
+        """Why no kernel spec takes a node a construction phase writes ('' if one does)."""
         if domain in DEFAULT_DOMAINS and node.op_type in VIEW_OPS:
             return ""  # a view of its (quantized) input
         spec = self._specs.find(domain, node.op_type, version)
         if spec is None:
             return f"no GPU kernel for {self._op_text(domain, node.op_type)} at opset {version}"
         return self._spec_rejects(spec, node)
-
-    def _apply_fusion(self, result):
-        """A fusion phase's model becomes the session's; its units are remembered (host fallback)."""
-        if result.units:
-            self._replace_model(result.model)
-        self._fused_units.update({u.node.output[0]: u for u in result.units})
-        return result
 
     @staticmethod
     def _registry(specs: Any):

@@ -32,8 +32,9 @@ HOST = {
     # states) left the host with their kernels
     **{f"yolo_head-{f}": {"NonZero"} for f in em.FORMS},
 }
-#: variants no session can run: what refuses them
-REFUSED = {"crnn-dynamic": "com.microsoft::DynamicQuantizeLSTM"}
+#: variants no session can run: what refuses them (crnn-dynamic left when DynamicQuantizeLSTM got
+#: its GPU kernel)
+REFUSED: dict[str, str] = {}
 
 
 def _model(case):
@@ -52,6 +53,11 @@ def _onnxruntime(model, feeds, optimized):
     so.log_severity_level = 3
     if not optimized:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if any(n.op_type == "DynamicQuantizeLSTM" for n in model.graph.node):
+        # with more threads onnxruntime quantizes each step's LSTM state per slice of the batch
+        # (crnn-dynamic, batch 2: 1.2e-3 apart from its own one-thread run); the kernel
+        # quantizes the whole batch, as one thread does (measured: 4.8e-7 from it)
+        so.intra_op_num_threads = 1
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
