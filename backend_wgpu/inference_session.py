@@ -208,6 +208,7 @@ class InferenceSession:
         device = get_device(self._choice.adapter, limits=self._choice.options.get("limits"))
         profile = bool(getattr(self._sess_options, "enable_profiling", False))
         kwargs.setdefault("fuse_qdq", fuses_qdq(self._sess_options))
+        kwargs.setdefault("fuse_dynamic", fuses_qdq(self._sess_options))  # MatMulIntegerToFloat: same level
         kwargs.setdefault("fold_batch_norm", folds_batch_norm(self._sess_options))
         kwargs.setdefault("fuse_elementwise", fuses_elementwise(self._sess_options))
         self._session = Session(path_or_bytes, device=device, allow_host_fallback=self._choice.host_fallback,

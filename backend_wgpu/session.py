@@ -159,6 +159,10 @@ class Session:
     ``fuse_qdq``: replace QDQ node units (DequantizeLinear -> Conv/MatMul/Add/... -> QuantizeLinear)
     by the QLinear kernels onnxruntime substitutes from ``ORT_ENABLE_EXTENDED`` on (qdq_fusion.py;
     ``fusion`` lists them); False runs every node as written (onnxruntime's ``ORT_DISABLE_ALL``).
+    ``fuse_dynamic``: replace dynamic-quantization units (DynamicQuantizeLinear -> MatMulInteger /
+    ConvInteger -> Cast -> Mul [-> Add] [-> Relu]) by one fused node each (dynamic_fusion.py:
+    com.microsoft DynamicQuantizeMatMul / MatMulIntegerToFloat as onnxruntime from
+    ``ORT_ENABLE_EXTENDED`` on, or this project's fused ops; ``dynamic_fusion`` lists them).
     ``fuse_elementwise``: run each group of float32 elementwise nodes (a chain or small tree of
     table ops, each intermediate read once) as one generated kernel (elementwise_fusion.py;
     ``elementwise_fusion`` lists them); False runs them one kernel per node.
@@ -184,6 +188,7 @@ class Session:
         profile: bool = False,
         fuse_qdq: bool = True,
         fold_batch_norm: bool = True,
+        fuse_dynamic: bool = True,
         fuse_elementwise: bool = True,
     ) -> None:
         self._lock = threading.RLock()  # one run at a time per session: backend_wgpu/locking.py
@@ -195,12 +200,16 @@ class Session:
         self.folded_batch_norms = self._fold_batch_norm(fold_batch_norm)
         #: the QDQ node units replaced by QLinear kernels (qdq_fusion.py), empty with fuse_qdq=False
         self.fusion = self._fuse(fuse_qdq)
+        #: the dynamic-quantization units (DynamicQuantizeLinear -> MatMulInteger / ConvInteger ->
+        #: Cast -> Mul [-> Add] [-> Relu]) replaced by one fused node each (dynamic_fusion.py);
+        #: before the elementwise groups, which would otherwise take their float tails
+        self.dynamic_fusion = self._fuse_dynamic(fuse_dynamic)
         #: the float32 elementwise groups run as one kernel each (elementwise_fusion.py)
         self.elementwise_fusion = self._fuse_elementwise(fuse_elementwise)
         #: If / Loop runners (control_flow.py), per node index, built on first run
         self._control: dict[int, Any] = {}
         self._body_options = {"allow_host_fallback": allow_host_fallback, "memory_budget": self.budget,
-                              "fuse_qdq": fuse_qdq, "fold_batch_norm": fold_batch_norm,
+                              "fuse_qdq": fuse_qdq, "fold_batch_norm": fold_batch_norm, "fuse_dynamic": fuse_dynamic,
                               "fuse_elementwise": fuse_elementwise, "specs": self._specs, "tunables": tunables, "variants": variants}
         graph = self.model.graph
         self.allow_host_fallback = bool(allow_host_fallback)
@@ -283,6 +292,20 @@ class Session:
         if result.units:
             self._replace_model(result.model)
         self._fused_units = {u.node.output[0]: u for u in result.units}
+        return result
+
+    def _fuse_dynamic(self, enabled: bool):
+        """After QDQ fusion: dynamic-quantization units onto one fused node each (dynamic_fusion.py);
+        a unit runs as written on the host if its kernel declines."""
+        from onnx_quant.backend_wgpu.dynamic_fusion import fuse_dynamic  # noqa: PLC0415
+        from onnx_quant.backend_wgpu.qdq_fusion import FusionResult  # noqa: PLC0415
+
+        if not enabled:
+            return FusionResult(self.model)
+        result = fuse_dynamic(self.model, elem_of=self._elem, supported=self._kernel_takes)
+        if result.units:
+            self._replace_model(result.model)
+            self._fused_units.update({u.node.output[0]: u for u in result.units})
         return result
 
     def _fuse_elementwise(self, enabled: bool):
