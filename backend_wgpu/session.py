@@ -39,7 +39,7 @@ import threading
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -296,28 +296,30 @@ class Session:
 
     def _fuse_dynamic(self, enabled: bool):
         """After QDQ fusion: dynamic-quantization units onto one fused node each (dynamic_fusion.py);
-        a unit runs as written on the host if its kernel declines."""
+        before the elementwise groups, which would otherwise take their float tails."""
         from onnx_quant.backend_wgpu.dynamic_fusion import fuse_dynamic  # noqa: PLC0415
-        from onnx_quant.backend_wgpu.qdq_fusion import FusionResult  # noqa: PLC0415
 
-        if not enabled:
-            return FusionResult(self.model)
-        result = fuse_dynamic(self.model, elem_of=self._elem, supported=self._kernel_takes)
-        if result.units:
-            self._replace_model(result.model)
-            self._fused_units.update({u.node.output[0]: u for u in result.units})
-        return result
+        return self._fusion_phase(enabled, lambda: fuse_dynamic(self.model, elem_of=self._elem,
+                                                                supported=self._kernel_takes))
 
     def _fuse_elementwise(self, enabled: bool):
-        """After QDQ fusion: groups of float32 elementwise nodes become one FusedElementwise node
-        each (elementwise_fusion.py); a group runs as written on the host if its kernel declines."""
+        """Last: groups of float32 elementwise nodes become one FusedElementwise node each
+        (elementwise_fusion.py)."""
         from onnx_quant.backend_wgpu.elementwise_fusion import fuse_elementwise  # noqa: PLC0415
+
+        return self._fusion_phase(enabled, lambda: fuse_elementwise(
+            self.model, elem_of=self._elem, supported=self._kernel_takes,
+            spec_of=lambda node, version: self._specs.find("", node.op_type, version)))
+
+    def _fusion_phase(self, enabled: bool, fuse: Callable[[], Any]):
+        """Run one fusion phase on the current model (its result; nothing when disabled): the fused
+        model becomes the session's, each unit stays beside its node to run as written on the host
+        if its kernel declines."""
         from onnx_quant.backend_wgpu.qdq_fusion import FusionResult  # noqa: PLC0415
 
         if not enabled:
             return FusionResult(self.model)
-        result = fuse_elementwise(self.model, elem_of=self._elem, supported=self._kernel_takes,
-                                  spec_of=lambda node, version: self._specs.find("", node.op_type, version))
+        result = fuse()
         if result.units:
             self._replace_model(result.model)
             self._fused_units.update({u.node.output[0]: u for u in result.units})
