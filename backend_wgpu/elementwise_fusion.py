@@ -3,8 +3,8 @@
 fused-elementwise.wgsl.jinja) instead of one dispatch and one intermediate buffer per node.
 
 A node joins its consumer's group when both are elementwise table ops (templates/elementwise.ops.json,
-one or two operands, one WGSL expression) computed in float32, its output feeds that consumer
-only (no other node, no subgraph, not a graph output), and the group then reads at most
+one or two operands, one WGSL expression) computed in float32 and not from constants alone
+(those run once per plan), its output feeds that consumer only (no other node, no subgraph, not a graph output), and the group then reads at most
 :data:`MAX_INPUTS` values from outside. The fused node's ``steps`` attribute lists the group's
 nodes in graph order, each with the table's float32 expression, its numeric attributes and its
 operands (``x<i>``: the fused node's inputs, ``t<j>``: step j's result); the kernel evaluates
@@ -87,9 +87,12 @@ def fuse_elementwise(model: onnx.ModelProto, *, elem_of: Callable[[str], int],
     result = FusionResult(model)
     f32 = onnx.TensorProto.FLOAT
     step: dict[int, tuple[str, list]] = {}
+    constant = _constant_values(model)
     for i, n in enumerate(G.nodes):
         if n.domain not in DEFAULT_DOMAINS or len(n.output) != 1:
             continue
+        if n.output[0] in constant:
+            continue  # computed from constants only: once per plan (the prologue), not in a per-run group
         if not all(x and elem_of(x) == f32 for x in [*n.input, n.output[0]]):
             continue
         s = _step_expression(spec_of(n, _since_version(n, G.opset)), n)
@@ -139,6 +142,19 @@ def fuse_elementwise(model: onnx.ModelProto, *, elem_of: Callable[[str], int],
     result.model = out
     result.units = [fused[i] for i in sorted(fused)]
     return result
+
+
+def _constant_values(model: onnx.ModelProto) -> set[str]:
+    """Values computed from constants only: initializers no feed overrides, Constants, and what
+    nodes of those alone make (graph order is topological)."""
+    g = model.graph
+    fed = {i.name for i in g.input}
+    constant = {t.name for t in g.initializer if t.name not in fed}
+    for n in g.node:
+        if all(x in constant for x in n.input if x) and not any(
+                a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute):
+            constant.update(o for o in n.output if o)
+    return constant
 
 
 def _reads(G: _Graph, members: list[int]) -> list[str]:

@@ -207,3 +207,17 @@ def test_onnxruntime_optimization_levels_map_to_elementwise_fusion():
                          (GraphOptimizationLevel.ORT_ENABLE_ALL, True)):
         options.graph_optimization_level = level
         assert fuses_elementwise(options) == fused
+
+
+def test_nodes_of_constants_alone_stay_out_of_groups():
+    """Relu over a weight runs once per plan (the prologue); fused with the Add that reads the feed it
+    would run every run."""
+    from onnx import numpy_helper
+
+    nodes = [helper.make_node("Relu", ["w"], ["wr"]), helper.make_node("Neg", ["wr"], ["wn"]),
+             helper.make_node("Add", ["x", "wn"], ["t"]), helper.make_node("Sigmoid", ["t"], ["y"])]
+    model = make_model(nodes, [("x", [4])])
+    model.graph.initializer.append(numpy_helper.from_array(np.float32([1, -2, 3, -4]), "w"))
+    r = fuse(model)
+    assert [n.op_type for n in r.model.graph.node] == ["Relu", "Neg", OP_TYPE]
+    assert [n.op_type for n in r.units[0].nodes] == ["Add", "Sigmoid"]
