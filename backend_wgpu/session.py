@@ -56,6 +56,7 @@ from onnx_quant.backend_wgpu.executor import (
     GraphPlan, HostStep, Segment, SessionResources, SessionStats, prepare_graph, release_graph, run_graph,
 )
 from onnx_quant.backend_wgpu.control_flow import CONTROL_WHY, ControlFlow, is_control
+from onnx_quant.backend_wgpu import data_dependent as dd
 from onnx_quant.backend_wgpu.host_rewrites import host_node
 from onnx_quant.backend_wgpu.host_sizes import check_host_node
 from onnx_quant.backend_wgpu.locking import holding
@@ -206,6 +207,8 @@ class Session:
         self.dynamic_fusion = self._fuse_dynamic(fuse_dynamic)
         #: the float32 elementwise groups run as one kernel each (elementwise_fusion.py)
         self.elementwise_fusion = self._fuse_elementwise(fuse_elementwise)
+        #: NonZero nodes in their padded GPU form, the nodes reading them moved into a region (data_dependent.py)
+        self._nonzeros = self._split_data_dependent()
         #: If / Loop runners (control_flow.py), per node index, built on first run
         self._control: dict[int, Any] = {}
         self._body_options = {"allow_host_fallback": allow_host_fallback, "memory_budget": self.budget,
@@ -334,6 +337,22 @@ class Session:
             return f"no GPU kernel for {self._op_text(domain, node.op_type)} at opset {version}"
         return self._spec_rejects(spec, node)
 
+    def _split_data_dependent(self) -> list:
+        """After fusion: NonZero nodes a kernel takes become their padded GPU form, the nodes reading
+        their outputs one region node run per count (data_dependent.py); ``self.model`` becomes that."""
+        def accepts(node: onnx.NodeProto) -> bool:
+            info = self._static_values.get(node.input[0])
+            version = self._opsets.get("", self._opsets.get("ai.onnx", 0))
+            spec = self._specs.find("", "NonZero", version)
+            return (spec is not None and info is not None and info.shape is not None and len(info.shape) >= 1
+                    and not self._spec_rejects(spec, node))
+
+        self._opsets = {(imp.domain or ""): imp.version for imp in self.model.opset_import}
+        result = dd.split_model(self.model, accepts)
+        if result.nonzeros:
+            self._replace_model(result.model)
+        return result.nonzeros
+
     @staticmethod
     def _registry(specs: Any):
         if specs is None:
@@ -397,6 +416,9 @@ class Session:
             reason = f"no GPU kernel for {self._op_text(domain, node.op_type)} at opset {version}"
         if domain in DEFAULT_DOMAINS and node.op_type == "Constant":
             return _NodeInfo(index, label, node, domain, version, None, "const", "a constant", implicit)
+        if dd.is_region(domain, node.op_type):
+            return _NodeInfo(index, label, node, domain, version, None, "sync", dd.SYNC_WHY, implicit,
+                             tuple(n for n in node.input if n.endswith(dd.COUNT_SUFFIX)))
         if is_control(domain, node.op_type, version):
             return _NodeInfo(index, label, node, domain, version, None, "control", CONTROL_WHY, implicit)
         if domain in DEFAULT_DOMAINS and node.op_type in VIEW_OPS:
@@ -578,12 +600,14 @@ class Session:
             arr = arr.astype(element_type(t).dtype)
         return arr
 
-    def _control_flow(self, info: _NodeInfo) -> ControlFlow:
+    def _control_flow(self, info: _NodeInfo) -> Any:
+        """The runner of an If / Loop / Scan (control_flow.py) or of NonZero's region (data_dependent.py)."""
         runner = self._control.get(info.index)
         if runner is None:
-            runner = self._control[info.index] = ControlFlow(
-                info, self.model, {**self._initializers, **self._constants},
-                lambda m: Session(m, device=self.device, **self._body_options), self.stats.add)
+            make = lambda m: Session(m, device=self.device, **self._body_options)  # noqa: E731
+            runner = self._control[info.index] = (
+                dd.DataDependentRegion(info, self.model, make, self.stats.add) if info.kind == "sync" else
+                ControlFlow(info, self.model, {**self._initializers, **self._constants}, make, self.stats.add))
         return runner
 
     def _run_host(self, step: HostStep, values: dict[str, Any]) -> list[Any]:
@@ -594,7 +618,7 @@ class Session:
             if shape is not None and isinstance(v, np.ndarray) and tuple(v.shape) != shape:
                 v = v.reshape(shape)
             feeds[name] = v
-        if info.kind == "control":
+        if info.kind in ("control", "sync"):
             outs = self._control_flow(info).run(feeds)
             names_out = [o for o in info.node.output if o]
             return [self._as_onnx_dtype(n, v, self._plan_elem.get(n) or self._elem(n)) for n, v in zip(names_out, outs)]
@@ -783,10 +807,12 @@ class Session:
         try:
             # a graph output whose declared shape contradicts what the model computes gets the
             # computed one (onnxruntime warns and does the same): its buffer holds what is written
-            return infer_values(self.model, {k: list(v) for k, v in shapes.items()}, strict=False,
-                                input_values=dict(input_values) or None, declared_outputs_win=False)
+            values = infer_values(self.model, {k: list(v) for k, v in shapes.items()}, strict=False,
+                                  input_values=dict(input_values) or None, declared_outputs_win=False)
         except QuantError as e:
             raise ExecutionError(f"shape inference for input shapes {dict(shapes)} failed: {e}") from None
+        dd.capacity_values(self._nonzeros, values)  # the padded NonZero outputs inference does not know
+        return values
 
     def _build_plan(self, key: tuple, shapes: Mapping[str, tuple[int, ...]], input_values: Mapping[str, np.ndarray],
                     feeds: Mapping[str, Any] | None = None) -> GraphPlan:
