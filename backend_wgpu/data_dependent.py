@@ -59,21 +59,24 @@ class PaddedNonZero:
 class SplitResult:
     model: onnx.ModelProto
     nonzeros: list[PaddedNonZero] = field(default_factory=list)
+    #: output name of a NonZero left as written -> why the GPU form does not take it
+    declined: dict[str, str] = field(default_factory=dict)
 
 
 def _reads(node: onnx.NodeProto) -> set[str]:
     return {n for n in node.input if n} | subgraph_reads(node)
 
 
-def split_model(model: onnx.ModelProto, accepts: Callable[[onnx.NodeProto], bool]) -> SplitResult:
+def split_model(model: onnx.ModelProto, rejects: Callable[[onnx.NodeProto], str]) -> SplitResult:
     """The model with its frontier NonZero nodes in their padded GPU form and the nodes that read
-    their outputs moved into one region node (unchanged when there is none). ``accepts(node)``:
-    whether the GPU kernel takes this (two-output) NonZero whatever the shapes."""
+    their outputs moved into one region node (unchanged when there is none). ``rejects(node)``:
+    why the GPU kernel does not take this (two-output) NonZero whatever the shapes ('' if it does)."""
     graph = model.graph
     tainted: set[str] = set()
     region: list[onnx.NodeProto] = []
     head: list[onnx.NodeProto] = []
     padded: list[PaddedNonZero] = []
+    declined: dict[str, str] = {}
     for node in graph.node:
         if _reads(node) & tainted:
             region.append(node)
@@ -86,14 +89,16 @@ def split_model(model: onnx.ModelProto, accepts: Callable[[onnx.NodeProto], bool
             form.CopyFrom(node)
             del form.output[:]
             form.output.extend([y + ALL_SUFFIX, y + COUNT_SUFFIX])
-            if accepts(form):
+            why = rejects(form)
+            if not why:
                 padded.append(PaddedNonZero(node.input[0], y, form.output[0], form.output[1]))
                 head.append(form)
                 tainted.add(y)
                 continue
+            declined[y] = why
         head.append(node)
     if not padded:
-        return SplitResult(model)
+        return SplitResult(model, declined=declined)
     ys = [p.y for p in padded]
     outputs = [o for o in graph.output if o.name in tainted]
     # the parent's weights and Constants the region reads go into the body (uploaded once there)
@@ -124,7 +129,7 @@ def split_model(model: onnx.ModelProto, accepts: Callable[[onnx.NodeProto], bool
     out.graph.node.extend(head + ([sync] if outputs else []))
     if not any(o.domain == REGION_DOMAIN for o in out.opset_import):
         out.opset_import.append(helper.make_opsetid(REGION_DOMAIN, 1))
-    return SplitResult(out, padded)
+    return SplitResult(out, padded, declined)
 
 
 def capacity_values(nonzeros: list[PaddedNonZero], values: dict[str, Any]) -> None:
@@ -135,18 +140,21 @@ def capacity_values(nonzeros: list[PaddedNonZero], values: dict[str, Any]) -> No
     for p in nonzeros:
         info = values.get(p.x)
         shape = concrete(None if info is None else info.shape)
-        if shape is None:
-            raise ExecutionError(f"NonZero of {p.x!r}: its input's shape is not known for these input shapes "
-                                 f"({None if info is None else info.shape}); the GPU form needs it")
+        if shape is None or not shape:
+            raise ExecutionError(f"NonZero of {p.x!r}: its input's shape is {'rank 0' if shape == () else 'not known'} "
+                                 f"for these input shapes ({None if info is None else info.shape}); the GPU form "
+                                 f"needs a known shape of rank >= 1")
         values[p.padded] = TensorInfo(onnx.TensorProto.INT64, (len(shape), math.prod(shape)))
         values[p.count] = TensorInfo(onnx.TensorProto.INT64, (1,))
 
 
-def _value_info(name: str, value: Any) -> onnx.ValueInfoProto:
-    """A body input typed like ``value`` (an array or a DeviceValue), every dim anonymous."""
+def _value_info(name: str, value: Any, *, indices: bool = False) -> onnx.ValueInfoProto:
+    """A body input typed like ``value`` (an array or a DeviceValue), every dim anonymous but the
+    rank of NonZero's ``indices`` (fixed: what follows, a GatherND, knows its output's rank)."""
     dtype = value.dtype if isinstance(value, DeviceValue) else np.asarray(value).dtype
-    ndim = len(value.dims) if isinstance(value, DeviceValue) else np.asarray(value).ndim
-    return helper.make_tensor_value_info(name, element_type(dtype).code, [None] * ndim)
+    dims = list(value.dims) if isinstance(value, DeviceValue) else list(np.asarray(value).shape)
+    return helper.make_tensor_value_info(name, element_type(dtype).code,
+                                         [dims[0], None] if indices else [None] * len(dims))
 
 
 class DataDependentRegion:
@@ -193,7 +201,8 @@ class DataDependentRegion:
             g = onnx.GraphProto()
             g.CopyFrom(self.body)
             del g.input[:]
-            g.input.extend(_value_info(i.name, feeds[i.name]) for i in self.body.input)
+            g.input.extend(_value_info(i.name, feeds[i.name], indices=k < self.n_nonzeros)
+                           for k, i in enumerate(self.body.input))
             g.name = f"{self.info.label}_body"
             child = helper.make_model(g, opset_imports=list(self.model.opset_import),
                                       ir_version=self.model.ir_version, functions=list(self.model.functions))

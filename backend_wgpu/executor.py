@@ -362,7 +362,7 @@ class HostStep:
     inputs: list[tuple[str, str, tuple[int, ...] | None]]
     outputs: tuple[str, ...]
     reason: str
-    #: GPU-made roots the step reads as views of their pooled buffers (a sync step: data_dependent.py)
+    #: pooled roots (GPU-made, fed) the step reads as views of their buffers (a sync step: data_dependent.py)
     device_inputs: tuple[str, ...] = ()
     #: the GPU position of the next GPU node: the step runs before it (device views live until then)
     pos: int = -1

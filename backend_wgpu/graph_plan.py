@@ -514,10 +514,11 @@ def schedule(nodes: Sequence[NodeInfo], kinds: Mapping[int, str], live: set[int]
         elif k in ("host", "control", "sync"):
             reads = [n for n in dict.fromkeys(list(node.input) + list(info.implicit)) if n]
             step_inputs = []
-            on_device: list[str] = []  # a sync step's GPU-made inputs, passed as views of their buffers
+            on_device: list[str] = []  # a sync step's pooled inputs (GPU-made, fed), passed as views of their buffers
             for n in reads:
                 r = root_of(n)
-                if k == "sync" and n not in info.host_reads and roots[r].origin == "gpu":
+                pooled = roots[r].origin == "gpu" or (roots[r].origin == "feed" and roots[r].on_device)
+                if k == "sync" and n not in info.host_reads and pooled:
                     on_device.append(r)
                 else:
                     roots[r].on_host = True

@@ -340,17 +340,21 @@ class Session:
     def _split_data_dependent(self) -> list:
         """After fusion: NonZero nodes a kernel takes become their padded GPU form, the nodes reading
         their outputs one region node run per count (data_dependent.py); ``self.model`` becomes that."""
-        def accepts(node: onnx.NodeProto) -> bool:
+        def rejects(node: onnx.NodeProto) -> str:
             info = self._static_values.get(node.input[0])
             version = self._opsets.get("", self._opsets.get("ai.onnx", 0))
             spec = self._specs.find("", "NonZero", version)
-            return (spec is not None and info is not None and info.shape is not None and len(info.shape) >= 1
-                    and not self._spec_rejects(spec, node))
+            if spec is None:
+                return f"no GPU kernel for NonZero at opset {version}"
+            if info is not None and info.shape is not None and len(info.shape) == 0:
+                return "the input's rank is 0 (a scalar's indices: [0, count] for ONNX's inference, [1, count] for numpy)"
+            return self._spec_rejects(spec, node)
 
         self._opsets = {(imp.domain or ""): imp.version for imp in self.model.opset_import}
-        result = dd.split_model(self.model, accepts)
+        result = dd.split_model(self.model, rejects)
         if result.nonzeros:
             self._replace_model(result.model)
+        self._nonzero_declined = result.declined
         return result.nonzeros
 
     @staticmethod
@@ -428,6 +432,9 @@ class Session:
                                  reason, implicit)
             if reason:
                 reason = f"{why}; {reason}"
+        if domain in DEFAULT_DOMAINS and node.op_type == "NonZero" and node.output and \
+                node.output[0] in self._nonzero_declined:
+            reason = self._nonzero_declined[node.output[0]]  # not the padded form's missing count output
         if reason:
             return _NodeInfo(index, label, node, domain, version, None, "host", reason, implicit)
         return _NodeInfo(index, label, node, domain, version, spec, "gpu", "", implicit)
@@ -939,6 +946,9 @@ class Session:
             v = values[root]
             if isinstance(v, DeviceValue):  # a device feed asked back as a host output
                 v = v.numpy()
+                self.stats.readbacks += 1
+                self.stats.bytes_read_back += max(4, (v.nbytes + 3) // 4 * 4)
+                self.last_run_stats = self.stats.since(before)
             elif isinstance(v, np.ndarray):
                 if shape is not None and tuple(v.shape) != shape:
                     v = v.reshape(shape)
