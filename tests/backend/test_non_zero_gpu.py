@@ -204,10 +204,11 @@ def test_nested_and_parallel_nonzeros_match_onnxruntime(best):
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     rng = np.random.default_rng(0)
     with Session(model, device=best, allow_host_fallback=False) as s:
-        for scale in (0.5, 0.8, 1.1, 0.2):
+        for k, scale in enumerate((0.5, 0.8, 1.1, 0.2, 0.5)):
             x = (rng.random((3, 5)) * scale).astype(np.float32)
             got = s.run(None, {"x": x})
             for g_, w in zip(got, _onnxruntime(model, {"x": x})):
                 assert g_.dtype == w.dtype and g_.shape == w.shape and np.array_equal(g_, w)
-            assert s.last_run_stats["bytes_uploaded"] == x.nbytes  # the region read the head's values on the device
+            if k == 4:  # a count seen before: x is the only upload (the region reads the head's values on the device)
+                assert s.last_run_stats["bytes_uploaded"] == x.nbytes
         assert s.host_nodes == []
