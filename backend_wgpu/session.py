@@ -353,7 +353,12 @@ class Session:
         self._opsets = {(imp.domain or ""): imp.version for imp in self.model.opset_import}
         result = dd.split_model(self.model, rejects)
         if result.nonzeros:
+            before = self._static_values
             self._replace_model(result.model)
+            for name, info in before.items():  # what the region makes: as the model as written types it
+                known = self._static_values.get(name)
+                if known is None or not known.elem_type or known.shape is None:
+                    self._static_values[name] = info
         self._nonzero_declined = result.declined
         return result.nonzeros
 

@@ -125,6 +125,8 @@ def test_nonzero_feeding_transpose_gather_nd_runs_on_the_gpu(best):
                     assert g.dtype == w.dtype and g.shape == w.shape and np.array_equal(g, w)
                 assert got[1].tolist() == [kept, 2]
             assert s.host_nodes == []
+            # the outputs the region makes keep the types and shapes inference gives the model as written
+            assert [o.shape for o in s.get_outputs()] == [["keep_dim1"], [2], ["keep_dim1", 2]]
             placement = {e["node"]: e["placement"] for e in s.explain({"conf": [4, 6]})}
     assert placement["NonZero_1"] == "gpu" and placement["data_dependent_region"] == "sync"
 
