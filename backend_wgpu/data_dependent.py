@@ -45,6 +45,30 @@ def is_region(domain: str, op_type: str) -> bool:
     return domain == REGION_DOMAIN and op_type == REGION_OP
 
 
+def is_padded(node: onnx.NodeProto) -> bool:
+    """A NonZero in its padded form (two outputs: the indices at capacity, the count)."""
+    return (node.op_type == "NonZero" and node.domain in ("", "ai.onnx") and len(node.output) == 2
+            and node.output[1].endswith(COUNT_SUFFIX))
+
+
+class HostPaddedNonZero:
+    """The padded form on the host, for a plan where the kernel cannot run it (its input's shape
+    unknown for those input shapes): numpy.nonzero written as the kernel writes it (shaped like
+    ``ReferenceEvaluator``: ``run(None, feeds)``)."""
+
+    def __init__(self, node: onnx.NodeProto):
+        self.x = node.input[0]
+
+    def run(self, _names: Any, feeds: Mapping[str, Any]) -> list[np.ndarray]:
+        x = np.asarray(feeds[self.x])
+        if x.ndim == 0:
+            raise ExecutionError("NonZero of a rank-0 input: numpy and ONNX's inference disagree on its output")
+        found = np.array(np.nonzero(x), dtype=np.int64)
+        padded = np.zeros((x.ndim, x.size), np.int64)
+        padded.reshape(-1)[:found.size] = found.reshape(-1)
+        return [padded, np.array([found.shape[1]], np.int64)]
+
+
 @dataclass(frozen=True)
 class PaddedNonZero:
     """One rewritten NonZero: its input, its original output and the padded form's two outputs."""
@@ -134,16 +158,14 @@ def split_model(model: onnx.ModelProto, rejects: Callable[[onnx.NodeProto], str]
 
 def capacity_values(nonzeros: list[PaddedNonZero], values: dict[str, Any]) -> None:
     """Inference's values completed for the padded outputs: ``[rank, numel(X)]`` and ``[1]``, int64
-    (inference sees a two-output NonZero it does not know)."""
+    (inference sees a two-output NonZero it does not know), where X's shape is known."""
     from onnx_quant.inference.context import TensorInfo  # noqa: PLC0415
 
     for p in nonzeros:
         info = values.get(p.x)
         shape = concrete(None if info is None else info.shape)
-        if shape is None or not shape:
-            raise ExecutionError(f"NonZero of {p.x!r}: its input's shape is {'rank 0' if shape == () else 'not known'} "
-                                 f"for these input shapes ({None if info is None else info.shape}); the GPU form "
-                                 f"needs a known shape of rank >= 1")
+        if shape is None:
+            continue  # the kernel cannot be planned: the node runs on the host (HostPaddedNonZero)
         values[p.padded] = TensorInfo(onnx.TensorProto.INT64, (len(shape), math.prod(shape)))
         values[p.count] = TensorInfo(onnx.TensorProto.INT64, (1,))
 
@@ -187,11 +209,14 @@ class DataDependentRegion:
         out: dict[str, Any] = {}
         for k in range(n_ys):
             padded, count = feeds[names[2 * k]], np.asarray(feeds[names[2 * k + 1]]).reshape(-1)
-            rank, capacity = padded.dims
+            rank, capacity = padded.dims if isinstance(padded, DeviceValue) else padded.shape
             c = int(count[0])
             if not 0 <= c <= capacity:  # impossible by construction (the buffer holds every element)
                 raise self._fail(f"NonZero counted {c} nonzero elements of {capacity}")
-            out[inputs[k]] = DeviceValue.borrowed(padded.device, padded.buffer, "int64", (rank, c))
+            if isinstance(padded, DeviceValue):
+                out[inputs[k]] = DeviceValue.borrowed(padded.device, padded.buffer, "int64", (rank, c))
+            else:  # the padded form ran on the host
+                out[inputs[k]] = np.ascontiguousarray(padded.reshape(-1)[:rank * c].reshape(rank, c))
         for name, body_name in zip(names[2 * n_ys:], inputs[n_ys:]):
             out[body_name] = feeds[name]
         return out

@@ -131,6 +131,17 @@ def _specs():
     return _SPECS
 
 
+def _with_nested(nodes: Sequence[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """The nodes and those of their subgraphs, at any depth."""
+    out, todo = [], list(nodes)
+    while todo:
+        n = todo.pop()
+        out.append(n)
+        for a in n.attribute:
+            todo += list(a.g.node) + [m for g in a.graphs for m in g.node]
+    return out
+
+
 def node_label(node: onnx.NodeProto, index: int) -> str:
     return node.name or f"{node.op_type}_{index}"
 
@@ -513,13 +524,30 @@ class Session:
                 return "Dropout runs in training mode (is_test=0)"
         return None
 
+    def _body_overrides(self, model: onnx.ModelProto) -> dict[str, Any]:
+        """A body session's tunables and variants: those naming its nodes (at any depth) or, global,
+        some kernel it may run."""
+        nodes = _with_nested(model.graph.node)
+        names = {n.name for n in nodes} | {n.op_type for n in nodes}
+        opsets = {(o.domain or ""): o.version for o in model.opset_import}
+        specs = [self._specs.find(n.domain or "", n.op_type, opsets.get(n.domain or "", 0)) for n in nodes]
+        known = {t for spec in specs if spec is not None for t in spec.tunables}
+        return {"tunables": {k: v for k, v in self._tunables.items() if k in (names if isinstance(v, Mapping) else known)},
+                "variants": {k: v for k, v in self._variants.items() if k in names}}
+
     def _check_overrides(self) -> None:
         names = {i.label for i in self._nodes} | {i.node.op_type for i in self._nodes}
+        # the nodes of the bodies (If / Loop / Scan, NonZero's region): their sessions check what names them
+        nested = _with_nested([n for i in self._nodes for a in i.node.attribute
+                               for n in list(a.g.node) + [m for g in a.graphs for m in g.node]])
+        names_nested = {n.name for n in nested} | {n.op_type for n in nested}
         by_key: dict[str, list[_NodeInfo]] = {}
         for i in self._nodes:
             by_key.setdefault(i.label, []).append(i)
             by_key.setdefault(i.node.op_type, []).append(i)
         for key in self._variants:
+            if key in names_nested - names:
+                continue
             if key not in names:
                 raise ExecutionError(f"variants: {key!r} is neither a node name nor an op type of this model "
                                      f"(nodes/ops: {', '.join(sorted(names))})")
@@ -528,7 +556,7 @@ class Session:
                 raise ExecutionError(f"variants: {key!r}: node(s) {nokernel} have no GPU kernel to force a variant of")
         global_tun = {k: v for k, v in self._tunables.items() if not isinstance(v, Mapping)}
         for key, v in self._tunables.items():
-            if not isinstance(v, Mapping):
+            if not isinstance(v, Mapping) or key in names_nested - names:
                 continue
             if key not in names:
                 raise ExecutionError(f"tunables: {key!r} is neither a node name nor an op type of this model")
@@ -540,6 +568,8 @@ class Session:
                     raise ExecutionError(f"tunables for {key!r}: kernel {i.spec.name} has no tunables {unknown} "
                                          f"(known: {sorted(i.spec.tunables)})")
         known = {t for i in self._nodes if i.spec is not None for t in i.spec.tunables}
+        known |= {t for n in nested for spec in [self._specs.find(n.domain or "", n.op_type, self._opsets.get(n.domain or "", 0))]
+                  if spec is not None for t in spec.tunables}
         unknown = sorted(set(global_tun) - known)
         if unknown and any(i.spec is not None for i in self._nodes):
             raise ExecutionError(f"tunables {unknown}: no kernel of this model has them (known: {sorted(known)})")
@@ -570,6 +600,9 @@ class Session:
 
         node = info.node
         inputs = [n for n in dict.fromkeys(list(node.input) + list(info.implicit)) if n]
+        if dd.is_padded(node):  # not an ONNX node: onnx.reference does not know it
+            self._evaluators[info.index] = (dd.HostPaddedNonZero(node), inputs)
+            return self._evaluators[info.index]
         opset = next((o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx")), 0)
         host, host_opset = host_node(node, opset, info.label)  # where onnx.reference needs it said otherwise
         imports = [onnx.helper.make_opsetid("", host_opset) if o.domain in ("", "ai.onnx") else o
@@ -616,7 +649,7 @@ class Session:
         """The runner of an If / Loop / Scan (control_flow.py) or of NonZero's region (data_dependent.py)."""
         runner = self._control.get(info.index)
         if runner is None:
-            make = lambda m: Session(m, device=self.device, **self._body_options)  # noqa: E731
+            make = lambda m: Session(m, device=self.device, **{**self._body_options, **self._body_overrides(m)})  # noqa: E731
             runner = self._control[info.index] = (
                 dd.DataDependentRegion(info, self.model, make, self.stats.add) if info.kind == "sync" else
                 ControlFlow(info, self.model, {**self._initializers, **self._constants}, make, self.stats.add))

@@ -214,3 +214,43 @@ def test_nested_and_parallel_nonzeros_match_onnxruntime(best):
             if k == 4:  # a count seen before: x is the only upload (the region reads the head's values on the device)
                 assert s.last_run_stats["bytes_uploaded"] == x.nbytes
         assert s.host_nodes == []
+
+
+def test_a_declined_padded_form_runs_on_the_host_and_feeds_the_region(best):
+    """Where the kernel declines a plan (here: a workgroup beyond the device), the padded form runs
+    on the host (numpy.nonzero written as the kernel writes it) and the region still gets
+    [rank, count]; with allow_host_fallback=False the same model is refused naming NonZero."""
+    from onnx_quant.backend_wgpu.session import Session
+    from onnx_quant.errors import ExecutionError
+
+    model = _yolo_like()
+    conf = _conf(np.random.default_rng(9), 4, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Session(model, device=best, tunables={"NonZero": {"WORKGROUP_SIZE": 1 << 20}}) as s:
+            got = s.run(None, {"conf": conf})
+            assert [h.split(" ")[0] for h in s.host_nodes] == ["NonZero_1"]
+    for g, w in zip(got, _onnxruntime(model, {"conf": conf})):
+        assert g.dtype == w.dtype and g.shape == w.shape and np.array_equal(g, w)
+    with pytest.raises(ExecutionError, match="NonZero"):
+        with Session(model, device=best, allow_host_fallback=False,
+                     tunables={"NonZero": {"WORKGROUP_SIZE": 1 << 20}}) as s:
+            s.run(None, {"conf": conf})
+
+
+def test_overrides_naming_region_nodes_reach_the_body_session(best):
+    """Tunables and variants keyed by an op the region runs are the body session's (checked there,
+    at the first run); the parent accepts them though its own graph no longer holds that op."""
+    from onnx_quant.backend_wgpu.session import Session
+    from onnx_quant.errors import ExecutionError
+
+    model = _yolo_like()
+    conf = _conf(np.random.default_rng(2), 4, 3)
+    with Session(model, device=best, allow_host_fallback=False,
+                 tunables={"Transpose": {"WORKGROUP_SIZE": 64}}, variants={"Transpose": "word_per_invocation"}) as s:
+        got = s.run(None, {"conf": conf})
+    for g, w in zip(got, _onnxruntime(model, {"conf": conf})):
+        assert np.array_equal(g, w)
+    with Session(model, device=best, tunables={"Transpose": {"NO_SUCH_TUNABLE": 1}}) as s:
+        with pytest.raises(ExecutionError, match="NO_SUCH_TUNABLE"):
+            s.run(None, {"conf": conf})
