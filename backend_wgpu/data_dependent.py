@@ -1,6 +1,6 @@
 """NonZero on the GPU: an output whose size the data decides, as one documented sync.
 
-A construction phase (:func:`split_model`, after QDQ fusion) rewrites the model the Session runs:
+A construction phase (:func:`split_model`, after the fusion phases) rewrites the model the Session runs:
 
 * every *frontier* NonZero (one that no other GPU NonZero's output reaches) becomes the padded
   GPU form ``NonZero(X) -> (Y::nonzero_all, Y::nonzero_count)``: the kernel
