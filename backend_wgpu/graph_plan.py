@@ -138,6 +138,17 @@ def subgraph_reads(node: onnx.NodeProto) -> set[str]:
     return names
 
 
+def with_nested(nodes: Sequence[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """The nodes and those of their subgraphs, at any depth."""
+    out, todo = [], list(nodes)
+    while todo:
+        n = todo.pop()
+        out.append(n)
+        for a in n.attribute:
+            todo += list(a.g.node) + [m for g in a.graphs for m in g.node]
+    return out
+
+
 def free_names(graph: onnx.GraphProto) -> list[str]:
     """Outer-scope names a (sub)graph reads, in first-use order: its nodes' inputs, its nested
     bodies' reads, and outputs it passes through from outside."""

@@ -55,7 +55,7 @@ from onnx_quant.backend_wgpu.graph_plan import NodeInfo as _NodeInfo
 from onnx_quant.backend_wgpu.executor import (
     GraphPlan, HostStep, Segment, SessionResources, SessionStats, prepare_graph, release_graph, run_graph,
 )
-from onnx_quant.backend_wgpu.control_flow import CONTROL_WHY, ControlFlow, is_control
+from onnx_quant.backend_wgpu.control_flow import CONTROL_WHY, ControlFlow, body_overrides, is_control
 from onnx_quant.backend_wgpu import data_dependent as dd
 from onnx_quant.backend_wgpu.host_rewrites import host_node
 from onnx_quant.backend_wgpu.host_sizes import check_host_node
@@ -129,17 +129,6 @@ def _specs():
 
         _SPECS = load_specs()
     return _SPECS
-
-
-def _with_nested(nodes: Sequence[onnx.NodeProto]) -> list[onnx.NodeProto]:
-    """The nodes and those of their subgraphs, at any depth."""
-    out, todo = [], list(nodes)
-    while todo:
-        n = todo.pop()
-        out.append(n)
-        for a in n.attribute:
-            todo += list(a.g.node) + [m for g in a.graphs for m in g.node]
-    return out
 
 
 def node_label(node: onnx.NodeProto, index: int) -> str:
@@ -524,22 +513,11 @@ class Session:
                 return "Dropout runs in training mode (is_test=0)"
         return None
 
-    def _body_overrides(self, model: onnx.ModelProto) -> dict[str, Any]:
-        """A body session's tunables and variants: those naming its nodes (at any depth) or, global,
-        some kernel it may run."""
-        nodes = _with_nested(model.graph.node)
-        names = {n.name for n in nodes} | {n.op_type for n in nodes}
-        opsets = {(o.domain or ""): o.version for o in model.opset_import}
-        specs = [self._specs.find(n.domain or "", n.op_type, opsets.get(n.domain or "", 0)) for n in nodes]
-        known = {t for spec in specs if spec is not None for t in spec.tunables}
-        return {"tunables": {k: v for k, v in self._tunables.items() if k in (names if isinstance(v, Mapping) else known)},
-                "variants": {k: v for k, v in self._variants.items() if k in names}}
-
     def _check_overrides(self) -> None:
         names = {i.label for i in self._nodes} | {i.node.op_type for i in self._nodes}
         # the nodes of the bodies (If / Loop / Scan, NonZero's region): their sessions check what names them
-        nested = _with_nested([n for i in self._nodes for a in i.node.attribute
-                               for n in list(a.g.node) + [m for g in a.graphs for m in g.node]])
+        nested = gp.with_nested([n for i in self._nodes for a in i.node.attribute
+                                 for n in list(a.g.node) + [m for g in a.graphs for m in g.node]])
         names_nested = {n.name for n in nested} | {n.op_type for n in nested}
         by_key: dict[str, list[_NodeInfo]] = {}
         for i in self._nodes:
@@ -649,7 +627,8 @@ class Session:
         """The runner of an If / Loop / Scan (control_flow.py) or of NonZero's region (data_dependent.py)."""
         runner = self._control.get(info.index)
         if runner is None:
-            make = lambda m: Session(m, device=self.device, **{**self._body_options, **self._body_overrides(m)})  # noqa: E731
+            make = lambda m: Session(m, device=self.device, **{  # noqa: E731
+                **self._body_options, **body_overrides(m, self._tunables, self._variants, self._specs)})
             runner = self._control[info.index] = (
                 dd.DataDependentRegion(info, self.model, make, self.stats.add) if info.kind == "sync" else
                 ControlFlow(info, self.model, {**self._initializers, **self._constants}, make, self.stats.add))

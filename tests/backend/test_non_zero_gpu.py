@@ -47,7 +47,7 @@ def _session(best, dtype: str, rank: int, workgroup: int):
     """One session per (type, rank, workgroup size): its plans are keyed on the shapes."""
     from onnx_quant.backend_wgpu.session import Session
 
-    key = (dtype, rank, workgroup)
+    key = (id(best), dtype, rank, workgroup)
     if key not in _SESSIONS:
         _SESSIONS[key] = Session(_non_zero_model(dtype, rank), device=best, allow_host_fallback=False,
                                  tunables={"WORKGROUP_SIZE": workgroup})
