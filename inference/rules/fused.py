@@ -3,6 +3,8 @@ compiler (backend_wgpu/elementwise_fusion.py, dynamic_fusion.py) into the model 
 
 ==========================  =================================================================
 FusedElementwise            x0, ..., x7 (float32, numpy broadcasting)     -> y (float32, the broadcast shape)
+FusedConv / FusedMatMul /   Conv's / MatMul's / Gemm's inputs, attributes and rule, plus ``activation``
+FusedGemm                   (the steps applied to each output: its type and shape stay)
 DynamicQuantizeMatMul       com.microsoft's inputs and rule; ``activation`` ("" or "Relu") applied last
 MatMulIntegerToFloat        com.microsoft's inputs and rule; ``activation`` as above
 DynamicQuantizeConv         x (float), w (int8/uint8), w_scale, w_zero_point?, bias? -> y (x's type,
@@ -23,7 +25,7 @@ from onnx_quant.inference.rules._wm_common import (
     FLOAT, broadcast_shapes, check_same_type, need, shape_problem, shape_text, type_text,
 )
 from onnx_quant.inference.rules.com_microsoft import dynamic_quantize_matmul, matmul_integer_to_float
-from onnx_quant.inference.rules.nn import conv_attrs
+from onnx_quant.inference.rules.nn import conv, conv_attrs, gemm, matmul
 
 DOMAIN = "ai.onnx_quant"
 
@@ -48,6 +50,10 @@ def fused_elementwise(ctx, n) -> None:
     n.set_output(0, TensorInfo(t or TensorProto.FLOAT, out))
 
 
+# an elementwise epilogue keeps its producer's type and shape (elementwise_fusion.py)
+register("FusedConv", 1, domain=DOMAIN)(conv)
+register("FusedMatMul", 1, domain=DOMAIN)(matmul)
+register("FusedGemm", 1, domain=DOMAIN)(gemm)
 register("DynamicQuantizeMatMul", 1, domain=DOMAIN)(dynamic_quantize_matmul)
 register("MatMulIntegerToFloat", 1, domain=DOMAIN)(matmul_integer_to_float)
 

@@ -221,3 +221,64 @@ def test_nodes_of_constants_alone_stay_out_of_groups():
     r = fuse(model)
     assert [n.op_type for n in r.model.graph.node] == ["Relu", "Neg", OP_TYPE]
     assert [n.op_type for n in r.units[0].nodes] == ["Add", "Sigmoid"]
+
+
+# ----------------------------------------------------------------------------- epilogues
+
+
+def producer_model(op: str, tail: str, *, extra_reader: bool = False):
+    """A float32 Conv / MatMul / Gemm (constant weights) followed by an activation as exporters
+    write them: ``silu`` (Sigmoid, Mul(p, sigmoid)), ``hardswish`` or ``relu``."""
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(3)
+    if op == "Conv":
+        x, w = ("x", [1, 3, 6, 6]), rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+        node = helper.make_node("Conv", ["x", "w", "bias"], ["p"], pads=[1, 1, 1, 1], name="p")
+        bias = rng.standard_normal(4).astype(np.float32)
+    else:
+        x, w = ("x", [5, 6]), rng.standard_normal((6, 4)).astype(np.float32)
+        bias = rng.standard_normal(4).astype(np.float32)
+        node = (helper.make_node("Gemm", ["x", "w", "bias"], ["p"], alpha=0.5, beta=2.0, name="p") if op == "Gemm"
+                else helper.make_node("MatMul", ["x", "w"], ["p"], name="p"))
+    tails = {"silu": [helper.make_node("Sigmoid", ["p"], ["s"]), helper.make_node("Mul", ["p", "s"], ["y"])],
+             "hardswish": [helper.make_node("HardSwish", ["p"], ["y"])],
+             "relu": [helper.make_node("Relu", ["p"], ["y"])]}
+    nodes = [node, *tails[tail]]
+    outputs = ["y"]
+    if extra_reader:
+        nodes.append(helper.make_node("Neg", ["p"], ["z"]))
+        outputs.append("z")
+    model = make_model(nodes, [x], outputs=outputs)
+    model.graph.initializer.extend([numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "bias")])
+    return model
+
+
+@pytest.mark.parametrize("op,tail", [("Conv", "silu"), ("Conv", "hardswish"), ("MatMul", "relu"), ("Gemm", "silu")])
+def test_a_group_reading_only_a_producer_becomes_its_epilogue(op, tail):
+    model = producer_model(op, tail)
+    r = fuse(model)
+    (node,) = r.model.graph.node
+    assert (node.op_type, node.domain) == (f"Fused{op}", DOMAIN)
+    assert list(node.input) == list(model.graph.node[0].input) and list(node.output) == ["y"]
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    steps = json.loads(attrs.pop("activation"))
+    assert steps[0]["args"][0] == "x0" and [s["op"] for s in steps] == [n.op_type for n in model.graph.node[1:]]
+    assert attrs == {a.name: helper.get_attribute_value(a) for a in model.graph.node[0].attribute}
+    assert r.units[0].rule == "epilogue" and r.units[0].nodes[0] == model.graph.node[0]
+
+
+def test_a_producer_read_elsewhere_keeps_its_output():
+    r = fuse(producer_model("Conv", "silu", extra_reader=True))
+    # p is read by Neg too: it stays a Conv; Sigmoid -> Mul read p beside it, a FusedElementwise of two steps
+    assert [n.op_type for n in r.model.graph.node] == ["Conv", OP_TYPE, "Neg"]
+
+
+@pytest.mark.parametrize("op,tail", [("Conv", "silu"), ("Conv", "hardswish"), ("MatMul", "relu"), ("Gemm", "silu")])
+def test_epilogues_agree_with_the_unfused_session_and_onnxruntime(best, op, tail):
+    model = producer_model(op, tail)
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    feeds = {"x": np.random.default_rng(7).standard_normal(shape).astype(np.float32)}
+    (got, n_fused), (unfused, n_unfused) = run_both(best, model, feeds)
+    assert n_fused == 1 and n_unfused == len(model.graph.node)
+    assert_agree(got, unfused, onnxruntime(model, feeds))
