@@ -376,6 +376,10 @@ class _Writer:
 _SMALL_VARINTS = [bytes((i,)) for i in range(0x80)] + [bytes((0x80 | (i & 0x7F), i >> 7)) for i in range(0x80, 0x4000)]
 
 
+#: TensorShapeProto.dim entries (field 1) of dim_value (field 1) d, for small d
+_DIM_VALUE_BYTES = [b"\x0a" + bytes((len(v) + 1,)) + b"\x08" + v for v in _SMALL_VARINTS]
+
+
 def _varint(n: int) -> bytes:
     """Protobuf base-128 varint of a non-negative int."""
     if n < 0x4000:
@@ -650,6 +654,25 @@ class _NodeCtx(NodeContext):
         outputs = self.outputs
         return outputs[i] if i < len(outputs) else ""
 
+    def input(self, i: int) -> TensorInfo | None:  # the rules' most frequent call: no nested calls
+        inputs = self.inputs
+        if i < len(inputs):
+            name = inputs[i]
+            if name:
+                return self.ctx[name]
+        return None
+
+    def has_input(self, i: int) -> bool:
+        inputs = self.inputs
+        return i < len(inputs) and bool(inputs[i])
+
+    def set_output(self, i: int, info: TensorInfo) -> None:
+        outputs = self.outputs
+        if i < len(outputs):
+            name = outputs[i]
+            if name:
+                self.ctx._values[name] = info
+
     @property
     def label(self) -> str:  # type: ignore[override]
         return self.prefix + _label(self.node, self.index)
@@ -722,7 +745,7 @@ class _Pass:
         self._onnx_opsets = {o.domain: int(o.version) for o in model.opset_import} or {"": 1}
         self._ir_version = int(model.ir_version) or onnx.IR_VERSION
         self._parsed: dict[str, DimLike] = {}
-        self._texts: dict[int, tuple] = {}   # id(Dim) -> (Dim, dim_param text)
+        self._texts: dict[int, tuple] = {}   # id(Dim) -> (Dim, its TensorShapeProto.dim bytes)
         self._interned: dict[int, tuple] = {}  # id(info) -> (info, key id, type bytes)
         self._key_ids: dict[tuple, int] = {}
         self._encoded: dict[tuple, bytes] = {}  # (elem_type, shape) -> TypeProto bytes
@@ -1021,28 +1044,13 @@ class _Pass:
         domain = _norm(node.domain)
         op = node.op_type
         opset = g.scope.opset(domain)
-        function = self.functions.get((domain, op, node.overload))
-        if opset is None:
-            e = _Entry(_K_FUNCTION if function is not None else _K_NO_OPSET, domain, op, None)
-        elif domain == "" and op == "Constant":
-            e = _Entry(_K_CONSTANT, domain, op, opset)
-            e.version = registry.schema_version("", "Constant", opset)
-        else:
-            kind, handler, rule, version, facts = _dispatch_facts(domain, op, opset, registry.generation, registry.lookup)
-            if kind == _K_UNKNOWN and function is not None:
-                kind = _K_FUNCTION
-            e = _Entry(kind, domain, op, opset)
-            e.handler, e.rule, e.version = handler, rule, version
-            if facts is not None:
-                e.schema, e.required, e.variadic = facts
-        if e.kind == _K_FUNCTION:
-            e.function = function
-        source = {_K_RULE: SOURCE_RULE, _K_CONTROL: SOURCE_RULE, _K_FALLBACK: SOURCE_FALLBACK,
-                  _K_FUNCTION: SOURCE_FUNCTION, _K_CONSTANT: SOURCE_CONSTANT}.get(e.kind, SOURCE_UNKNOWN)
-        e.source = source
-        e.described = _describe(source, domain, op, e.version)
-        if e.kind in (_K_RULE, _K_FALLBACK):
-            e.memo = {}
+        function = self.functions.get((domain, op, node.overload)) if self.functions else None
+        e = _Entry.__new__(_Entry)
+        (e.kind, e.domain, e.op, e.opset, e.version, e.rule, e.schema, e.required, e.variadic, e.source,
+         e.described, e.handler, e.folder) = _entry_facts(domain, op, opset, function is not None,
+                                                          registry.generation, registry.lookup)
+        e.function = function if e.kind == _K_FUNCTION else None
+        e.memo = {} if e.kind in (_K_RULE, _K_FALLBACK) else None
         g.dispatch[key] = e
         return e
 
@@ -1406,21 +1414,25 @@ class _Pass:
         if shape is not None:
             dims_b = []
             texts = self._texts
+            small = _DIM_VALUE_BYTES
             for d in shape:
                 if d is None:
                     dims_b.append(b"\x0a\x00")
                 elif type(d) is int:
+                    if 0 <= d < 0x4000:
+                        dims_b.append(small[d])
+                        continue
                     if d < 0:
                         return self._encode_slow(info)
                     v = _varint(d)
                     dims_b.append(b"\x0a" + _varint(len(v) + 1) + b"\x08" + v)
                 else:
                     rec = texts.get(id(d))
-                    if rec is None:
-                        rec = texts[id(d)] = (d, d.text().encode())
-                    t = rec[1]
-                    inner = b"\x12" + _varint(len(t)) + t
-                    dims_b.append(b"\x0a" + _varint(len(inner)) + inner)
+                    if rec is None:  # the whole dim's bytes, once per Dim
+                        t = d.text().encode()
+                        inner = b"\x12" + _varint(len(t)) + t
+                        rec = texts[id(d)] = (d, b"\x0a" + _varint(len(inner)) + inner)
+                    dims_b.append(rec[1])
             sb = b"".join(dims_b)
             body += b"\x12" + _varint(len(sb)) + sb
         return b"\x0a" + _varint(len(body)) + body
@@ -1606,6 +1618,31 @@ class _Pass:
 
 
 # ------------------------------------------------------------------ helpers
+@lru_cache(maxsize=None)
+def _entry_facts(domain: str, op: str, opset: int | None, has_function: bool, generation: int, lookup) -> tuple:
+    """Every field of an ``_Entry`` but its memo and function: what serves ``op`` under
+    ``opset`` (and whether the model has a local function of that name), decided once per
+    process and registry state."""
+    version = rule = schema = handler = variadic = None
+    required: tuple = ()
+    if opset is None:
+        kind = _K_FUNCTION if has_function else _K_NO_OPSET
+    elif domain == "" and op == "Constant":
+        kind = _K_CONSTANT
+        version = registry.schema_version("", "Constant", opset)
+    else:
+        kind, handler, rule, version, facts = _dispatch_facts(domain, op, opset, generation, lookup)
+        if kind == _K_UNKNOWN and has_function:
+            kind = _K_FUNCTION
+        if facts is not None:
+            schema, required, variadic = facts
+    source = {_K_RULE: SOURCE_RULE, _K_CONTROL: SOURCE_RULE, _K_FALLBACK: SOURCE_FALLBACK,
+              _K_FUNCTION: SOURCE_FUNCTION, _K_CONSTANT: SOURCE_CONSTANT}.get(kind, SOURCE_UNKNOWN)
+    folder = _FOLDERS.get(op) if domain == "" else None  # engine folding of its outputs
+    return (kind, domain, op, opset, version, rule, schema, required, variadic, source,
+            _describe(source, domain, op, version), handler, folder)
+
+
 @lru_cache(maxsize=None)
 def _dispatch_facts(domain: str, op: str, opset: int, generation: int, lookup) -> tuple:
     """(kind, control-flow handler, rule, version, (schema, required, variadic) or None): what
