@@ -696,24 +696,15 @@ class _Entry:
     """How nodes of one (domain, op_type) are typed under one set of opset imports."""
 
     __slots__ = ("kind", "domain", "op", "opset", "version", "rule", "schema", "required", "variadic",
-                 "source", "described", "memo", "function", "handler", "folder")
+                 "source", "described", "handler", "folder", "memo", "function")
 
-    def __init__(self, kind: int, domain: str, op: str, opset: int | None) -> None:
-        self.kind = kind
-        self.domain = domain
-        self.op = op
-        self.opset = opset
-        self.version: int | None = None
-        self.rule = None
-        self.schema = None
-        self.required: tuple = ()
-        self.variadic: tuple | None = None
-        self.source = SOURCE_UNKNOWN
-        self.described = ""
-        self.memo: dict | None = None  # rules and the fallback only
-        self.function = None
-        self.handler = None
-        self.folder = _FOLDERS.get(op) if domain == "" else None  # engine folding of its outputs
+    def __init__(self, facts: tuple, function) -> None:
+        """``facts``: every field but the memo and the function, in ``__slots__`` order, as
+        ``_entry_facts`` decides them once per process."""
+        (self.kind, self.domain, self.op, self.opset, self.version, self.rule, self.schema, self.required,
+         self.variadic, self.source, self.described, self.handler, self.folder) = facts
+        self.function = function if self.kind == _K_FUNCTION else None  # a model-local function
+        self.memo: dict | None = {} if self.kind in (_K_RULE, _K_FALLBACK) else None  # rules and the fallback only
 
 
 # ------------------------------------------------------------------ the pass
@@ -1045,12 +1036,8 @@ class _Pass:
         op = node.op_type
         opset = g.scope.opset(domain)
         function = self.functions.get((domain, op, node.overload)) if self.functions else None
-        e = _Entry.__new__(_Entry)
-        (e.kind, e.domain, e.op, e.opset, e.version, e.rule, e.schema, e.required, e.variadic, e.source,
-         e.described, e.handler, e.folder) = _entry_facts(domain, op, opset, function is not None,
-                                                          registry.generation, registry.lookup)
-        e.function = function if e.kind == _K_FUNCTION else None
-        e.memo = {} if e.kind in (_K_RULE, _K_FALLBACK) else None
+        e = _Entry(_entry_facts(domain, op, opset, function is not None, registry.generation, registry.lookup),
+                   function)
         g.dispatch[key] = e
         return e
 
