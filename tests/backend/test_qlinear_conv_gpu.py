@@ -25,8 +25,9 @@ from onnx_quant.dtypes import element_type
 from onnx_quant.errors import DeviceError, ExecutionError
 
 VARIANTS = ("blocked", "tiled", "simple")  # ConvInteger's
-#: QLinearConv's: direct reads x and w in place and requantizes in its one pass
-QL_VARIANTS = ("direct",) + VARIANTS
+#: QLinearConv's: direct reads x and w in place and requantizes in its one pass;
+#: blocked_epilogue requantizes in the GEMM pass after im2col
+QL_VARIANTS = ("direct", "blocked_epilogue") + VARIANTS
 QL_INPUTS = ["x", "x_scale", "x_zero_point", "w", "w_scale", "w_zero_point", "y_scale", "y_zero_point", "B"]
 
 
@@ -363,6 +364,12 @@ def test_geometry_is_derived_from_attributes():
     assert [d["pb0"], d["pb1"], d["pe0"], d["pe1"]] == pb + pe
     assert (d["Kc"], d["P"], d["Mg"]) == (18, 18, 2)
     assert _plan(_feeds(), {"group": 2}, y_shape=(1, 4, 4, 4), tunables={"PREFER_TILED": 1}).variant == "tiled"
+    assert [p.id for p in plan.passes] == ["params", "main"]
+    # beyond DIRECT_MAX_MACS multiply-adds the im2col form, requantizing in its GEMM pass
+    big = _plan(_feeds(), {"group": 2}, y_shape=(1, 4, 4, 4), tunables={"DIRECT_MAX_MACS": 4 * 16 * 18 - 1})
+    assert big.variant == "blocked_epilogue" and big.selection["direct"].endswith("DIRECT_MAX_MACS")
+    assert [p.id for p in big.passes] == ["params", "im2col", "gemm"]
+    assert _plan(_feeds(), {"group": 2}, y_shape=(1, 4, 4, 4), tunables={"DIRECT_MAX_MACS": 4 * 16 * 18}).variant == "direct"
 
 
 @pytest.mark.parametrize("attrs,y_shape,clause", [
