@@ -24,10 +24,11 @@ from conftest import assert_bits, assert_node_cases_every_variant, gpu_device, g
 from onnx_quant.dtypes import element_type
 from onnx_quant.errors import DeviceError, ExecutionError
 
-VARIANTS = ("blocked", "tiled", "simple")  # ConvInteger's
-#: QLinearConv's: direct reads x and w in place and requantizes in its one pass;
-#: blocked_epilogue requantizes in the GEMM pass after im2col
-QL_VARIANTS = ("direct", "blocked_epilogue") + VARIANTS
+#: ConvInteger's: direct reads x and w in place (no im2col pass)
+VARIANTS = ("direct", "blocked", "tiled", "simple")
+#: QLinearConv's: direct also requantizes in its one pass; blocked_epilogue requantizes in the
+#: GEMM pass after im2col
+QL_VARIANTS = VARIANTS + ("blocked_epilogue",)
 QL_INPUTS = ["x", "x_scale", "x_zero_point", "w", "w_scale", "w_zero_point", "y_scale", "y_zero_point", "B"]
 
 
