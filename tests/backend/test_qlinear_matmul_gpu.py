@@ -640,7 +640,7 @@ def test_selection_rule_without_a_device():
     plan = _plan(f, {"maxComputeInvocationsPerWorkgroup": 32, "maxComputeWorkgroupStorageSize": 512}, tunables=small_tile)
     assert plan.variant == "simple"
     assert plan.selection["tiled"] == "tiledFits" and plan.selection["blocked"] == "blockedFits"
-    assert plan.selection["tiled_epilogue"] == "tiledFits" and plan.selection["blocked_epilogue"] == "blockedFits"
+    assert plan.selection["tiled_epilogue"] == "tiledFits" and plan.selection["blocked_epilogue"] == "epilogueFits"
     with pytest.raises(ExecutionError, match="cannot force"):
         _plan(f, {"maxComputeWorkgroupStorageSize": 512}, variant="tiled")
     # PREFER_TILED=1 (for devices where workgroup-memory tiles win) puts tiled first where it fits
