@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from onnx_quant.backend_wgpu.graph_plan import CONTROL_WHY, NodeInfo, free_names  # noqa: F401 (re-exported)
+from onnx_quant.backend_wgpu.graph_plan import CONTROL_WHY, NodeInfo, free_names, with_nested  # noqa: F401 (re-exported)
 from onnx_quant.dtypes import element_type
 from onnx_quant.errors import ExecutionError, QuantError
 
@@ -34,6 +34,20 @@ MAX_LOOP_ITERATIONS = 1_000_000
 
 def is_control(domain: str, op_type: str, version: int) -> bool:
     return domain in ("", "ai.onnx") and op_type in CONTROL_OPS and (op_type != "Scan" or version >= 9)
+
+
+def body_overrides(model: onnx.ModelProto, tunables: Mapping[str, Any], variants: Mapping[str, str],
+                   specs: Any) -> dict[str, Any]:
+    """A body session's tunables and variants (an If / Loop / Scan body, NonZero's region): those
+    naming its nodes (at any depth) or, global, some kernel it may run; the parent accepted the
+    others for its own nodes or other bodies."""
+    nodes = with_nested(model.graph.node)
+    names = {n.name for n in nodes} | {n.op_type for n in nodes}
+    opsets = {(o.domain or ""): o.version for o in model.opset_import}
+    found = [specs.find(n.domain or "", n.op_type, opsets.get(n.domain or "", 0)) for n in nodes]
+    known = {t for spec in found if spec is not None for t in spec.tunables}
+    return {"tunables": {k: v for k, v in tunables.items() if k in (names if isinstance(v, Mapping) else known)},
+            "variants": {k: v for k, v in variants.items() if k in names}}
 
 
 def _value_info(name: str, value: np.ndarray) -> onnx.ValueInfoProto:

@@ -49,6 +49,14 @@ class DeviceValue:
         device.upload(buf, data)
         return cls(device, buf, onnx_type, arr.shape)
 
+    @classmethod
+    def borrowed(cls, device, buffer, onnx_type: str, dims: tuple[int, ...]) -> "DeviceValue":
+        """A view of the first elements of a buffer someone else owns (a plan's pooled buffer):
+        valid while that owner keeps it; releasing or collecting the view frees nothing."""
+        value = cls(device, buffer, onnx_type, dims)
+        value._finalizer.detach()
+        return value
+
     # -- onnxruntime's OrtValue surface ----------------------------------------------------
 
     @property
@@ -93,9 +101,9 @@ class DeviceValue:
         return unpack_array(memoryview(raw), self.onnx_type, self.dims)
 
     def release(self) -> None:
-        """Free the device buffer now (idempotent)."""
+        """Free the device buffer now (idempotent; a borrowed view only forgets it)."""
         if self._buffer is not None:
-            self._finalizer()
+            self._finalizer()  # a no-op once detached (a borrowed view)
             self._buffer = None
 
     def __enter__(self) -> "DeviceValue":

@@ -23,7 +23,7 @@
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import ChainMap, OrderedDict
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -357,6 +357,10 @@ class HostStep:
     inputs: list[tuple[str, str, tuple[int, ...] | None]]
     outputs: tuple[str, ...]
     reason: str
+    #: pooled roots (GPU-made, fed) the step reads as views of their buffers (a sync step: data_dependent.py)
+    device_inputs: tuple[str, ...] = ()
+    #: the GPU position of the next GPU node: the step runs before it (device views live until then)
+    pos: int = -1
 
 
 @dataclass
@@ -730,7 +734,11 @@ def run_graph(
     for step in gplan.schedule:
         if isinstance(step, HostStep):
             t0 = profiler.now_us() if profiler is not None else 0.0
-            outs = run_host(step, host_values)
+            seen = host_values
+            if step.device_inputs:  # views of pooled buffers, never kept in host_values (slots are reused)
+                seen = ChainMap({r: DeviceValue.borrowed(device, gplan.slots[gplan.slot_of[r]], gplan.roots[r].onnx_type,
+                                                         gplan.roots[r].shape) for r in step.device_inputs}, host_values)
+            outs = run_host(step, seen)
             if profiler is not None:
                 profiler.host_step(step, t0, profiler.now_us())
             stats.host_nodes_run += 1

@@ -56,9 +56,12 @@ FOLD_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.Ten
 
 #: what placement says of an If / Loop (control_flow.py)
 CONTROL_WHY = "control flow: the host reads the condition and runs the chosen body on the GPU"
+#: what placement says of NonZero's region (data_dependent.py)
+SYNC_WHY = ("data-dependent size: the host reads back NonZero's count, then the nodes that read its output "
+            "run on the GPU as a session planned for that count")
 #: what placement_report says of a node that runs no kernel
 PLACEMENT_WHY = {"view": "a view of its input's buffer", "const": "a Constant, uploaded once per session",
-                 "control": CONTROL_WHY,
+                 "control": CONTROL_WHY, "sync": SYNC_WHY,
                  "fold": "computed by shape inference for these input shapes",
                  "unused": "no graph output depends on it"}
 
@@ -74,8 +77,11 @@ class NodeInfo:
     version: int
     spec: Any                 # the KernelSpec that takes the node, or None
     kind: str                 # "gpu" | "host" | "view" | "const" | "control" (If / Loop: control_flow.py)
+    #                           | "sync" (NonZero's region: data_dependent.py)
     reason: str               # why not "gpu" (empty for gpu nodes)
     implicit: tuple[str, ...]  # outer-scope names its subgraphs read
+    #: a "sync" step's inputs read on the host (NonZero's counts); its other GPU-made inputs stay on the device
+    host_reads: tuple[str, ...] = ()
 
 
 @dataclass
@@ -130,6 +136,17 @@ def subgraph_reads(node: onnx.NodeProto) -> set[str]:
             for g in a.graphs:
                 names.update(free_names(g))
     return names
+
+
+def with_nested(nodes: Sequence[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """The nodes and those of their subgraphs, at any depth."""
+    out, todo = [], list(nodes)
+    while todo:
+        n = todo.pop()
+        out.append(n)
+        for a in n.attribute:
+            todo += list(a.g.node) + [m for g in a.graphs for m in g.node]
+    return out
 
 
 def free_names(graph: onnx.GraphProto) -> list[str]:
@@ -378,7 +395,7 @@ def value_roots(nodes: Sequence[NodeInfo], kinds: Mapping[int, str], live: set[i
             alias[outs[0]] = (src[0], concrete(values[outs[0]].shape))
             continue
         for o in outs:
-            add_root(o, "host" if k == "control" else k)  # a control step's outputs come back to the host
+            add_root(o, "host" if k in ("control", "sync") else k)  # a control step's outputs come back to the host
             alias[o] = (o, roots[o].shape)
     for name in outputs:
         if name not in alias:
@@ -399,7 +416,7 @@ def constant_nodes(nodes: Sequence[NodeInfo], kinds: Mapping[int, str], live: se
     preparation)."""
     read_back = {alias[n][0] for n in outputs if n in alias}
     for info in nodes:
-        if info.index in live and kinds[info.index] in ("host", "control"):
+        if info.index in live and kinds[info.index] in ("host", "control", "sync"):
             read_back |= {alias[n][0] for n in list(info.node.input) + list(info.implicit) if n in alias}
     once: set[int] = set()
     constant = {"init", "const", "fold", "once"}
@@ -505,17 +522,23 @@ def schedule(nodes: Sequence[NodeInfo], kinds: Mapping[int, str], live: set[int]
                 open_steps.append(step)
                 open_produced |= set(outs)
             pos += 1
-        elif k in ("host", "control"):
+        elif k in ("host", "control", "sync"):
             reads = [n for n in dict.fromkeys(list(node.input) + list(info.implicit)) if n]
             step_inputs = []
+            on_device: list[str] = []  # a sync step's pooled inputs (GPU-made, fed), passed as views of their buffers
             for n in reads:
                 r = root_of(n)
-                roots[r].on_host = True
+                pooled = roots[r].origin == "gpu" or (roots[r].origin == "feed" and roots[r].on_device)
+                if k == "sync" and n not in info.host_reads and pooled:
+                    on_device.append(r)
+                else:
+                    roots[r].on_host = True
                 step_inputs.append((n, r, alias[n][1]))
             if any(r in open_produced for _, r, _ in step_inputs):
                 flush()
             steps.append(HostStep(info.index, info.label, op_name(info), step_inputs,
-                                  tuple(o for o in node.output if o), reasons.get(info.index, "")))
+                                  tuple(o for o in node.output if o), reasons.get(info.index, ""),
+                                  tuple(dict.fromkeys(on_device)), pos))
     flush()
     return Schedule(steps, prologue, uniforms[0], uniforms[1])
 
@@ -569,6 +592,10 @@ def assign_memory(roots: dict[str, RootValue], sched: Schedule, cap: int, shapes
                 r = where[1]
                 last_use[r] = max(last_use.get(r, -1), st.pos)
                 first_seg.setdefault(r, seg.index)
+    for step in sched.steps:  # a sync step's device views: no GPU node after it may reuse their buffers
+        if isinstance(step, HostStep):
+            for r in step.device_inputs:
+                last_use[r] = max(last_use.get(r, -1), step.pos)
     for name, r in roots.items():
         if r.on_device and (r.onnx_type is None or r.shape is None):
             raise ExecutionError(f"value {name!r}: a GPU node reads it but its type or shape is not known "

@@ -72,6 +72,13 @@ def folds_batch_norm(sess_options: Any) -> bool:
     return _level(sess_options) >= GraphOptimizationLevel.ORT_ENABLE_BASIC
 
 
+def fuses_elementwise(sess_options: Any) -> bool:
+    """Whether a session with these options runs float32 elementwise groups as one kernel
+    (elementwise_fusion.py; onnxruntime's CPU provider has no such fusion, so any level that
+    optimizes at all turns it on)."""
+    return _level(sess_options) >= GraphOptimizationLevel.ORT_ENABLE_BASIC
+
+
 class SessionOptions:
     """The part of ``onnxruntime.SessionOptions`` this backend reads (an onnxruntime
     ``SessionOptions`` works too): profiling switches, session config entries and
@@ -201,7 +208,9 @@ class InferenceSession:
         device = get_device(self._choice.adapter, limits=self._choice.options.get("limits"))
         profile = bool(getattr(self._sess_options, "enable_profiling", False))
         kwargs.setdefault("fuse_qdq", fuses_qdq(self._sess_options))
+        kwargs.setdefault("fuse_dynamic", fuses_qdq(self._sess_options))  # MatMulIntegerToFloat: same level
         kwargs.setdefault("fold_batch_norm", folds_batch_norm(self._sess_options))
+        kwargs.setdefault("fuse_elementwise", fuses_elementwise(self._sess_options))
         self._session = Session(path_or_bytes, device=device, allow_host_fallback=self._choice.host_fallback,
                                 profile=profile, **kwargs)
         self._profile_start_ns = time.time_ns()

@@ -118,7 +118,10 @@ class _Graph:
         self.opset = next((o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS), 0)
         self.producer: dict[str, int] = {}
         self.edges: dict[str, list[tuple[int, int]]] = {}  # value -> [(consumer, slot)], slot -1: subgraph
-        self._const: dict[str, Any] = {t.name: t for t in g.initializer}
+        # an initializer that is also a graph input can be overridden by a feed: not a constant
+        # (onnxruntime's GetConstantInitializer skips overridable initializers the same way)
+        fed = {i.name for i in g.input}
+        self._const: dict[str, Any] = {t.name: t for t in g.initializer if t.name not in fed}
         for i, n in enumerate(self.nodes):
             for s, name in enumerate(n.input):
                 if name:

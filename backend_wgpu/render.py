@@ -17,14 +17,16 @@ Python float rounded to an element type, for plan-time arithmetic that must foll
 reference computing in that type), and ``oq_resize_axes``, ``oq_tap_table`` and
 ``oq_saturated_words`` (``resize_taps.py``): Resize's per-axis tables, computed in float64 as
 onnx.reference does; ``oq_einsum(equation, shapes)`` (``einsum.py``): an Einsum equation's labels,
-sizes and summed labels. ``{{ x | u32 }}`` writes a WGSL u32 (``123u``, or the uniform read
-of a runtime uniform: backend_wgpu/uniforms.py, whose guards fail a render that uses one at
-Jinja level); :func:`pipeline_key` keys a pass's pipeline before rendering.
+sizes and summed labels; ``oq_json(text)``: a JSON attribute parsed (FusedElementwise's steps).
+``{{ x | u32 }}`` writes a WGSL u32 (``123u``, or the uniform read of a runtime uniform:
+backend_wgpu/uniforms.py, whose guards fail a render that uses one at Jinja level);
+:func:`pipeline_key` keys a pass's pipeline before rendering.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import importlib.resources
 from pathlib import Path
 from typing import Any, Mapping
@@ -90,6 +92,7 @@ def environment() -> jinja2.Environment:
     env.globals["oq_tap_table"] = resize_taps.tap_table
     env.globals["oq_saturated_words"] = resize_taps.saturated_words
     env.globals["oq_einsum"] = einsum_plan
+    env.globals["oq_json"] = json.loads
     uniforms.install(env)
     return env
 

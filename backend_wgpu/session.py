@@ -39,7 +39,7 @@ import threading
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -55,7 +55,8 @@ from onnx_quant.backend_wgpu.graph_plan import NodeInfo as _NodeInfo
 from onnx_quant.backend_wgpu.executor import (
     GraphPlan, HostStep, Segment, SessionResources, SessionStats, prepare_graph, release_graph, run_graph,
 )
-from onnx_quant.backend_wgpu.control_flow import CONTROL_WHY, ControlFlow, is_control
+from onnx_quant.backend_wgpu.control_flow import CONTROL_WHY, ControlFlow, body_overrides, is_control
+from onnx_quant.backend_wgpu import data_dependent as dd
 from onnx_quant.backend_wgpu.host_rewrites import host_node
 from onnx_quant.backend_wgpu.host_sizes import check_host_node
 from onnx_quant.backend_wgpu.locking import holding
@@ -159,6 +160,13 @@ class Session:
     ``fuse_qdq``: replace QDQ node units (DequantizeLinear -> Conv/MatMul/Add/... -> QuantizeLinear)
     by the QLinear kernels onnxruntime substitutes from ``ORT_ENABLE_EXTENDED`` on (qdq_fusion.py;
     ``fusion`` lists them); False runs every node as written (onnxruntime's ``ORT_DISABLE_ALL``).
+    ``fuse_dynamic``: replace dynamic-quantization units (DynamicQuantizeLinear -> MatMulInteger /
+    ConvInteger -> Cast -> Mul [-> Add] [-> Relu]) by one fused node each (dynamic_fusion.py:
+    com.microsoft DynamicQuantizeMatMul / MatMulIntegerToFloat as onnxruntime from
+    ``ORT_ENABLE_EXTENDED`` on, or this project's fused ops; ``dynamic_fusion`` lists them).
+    ``fuse_elementwise``: run each group of float32 elementwise nodes (a chain or small tree of
+    table ops, each intermediate read once) as one generated kernel (elementwise_fusion.py;
+    ``elementwise_fusion`` lists them); False runs them one kernel per node.
 
     ``stats`` (:class:`~backend_wgpu.executor.SessionStats`) counts what the session did:
     plans, pipelines compiled, buffers allocated, bind groups, submits, read-backs, bytes
@@ -181,6 +189,8 @@ class Session:
         profile: bool = False,
         fuse_qdq: bool = True,
         fold_batch_norm: bool = True,
+        fuse_dynamic: bool = True,
+        fuse_elementwise: bool = True,
     ) -> None:
         self._lock = threading.RLock()  # one run at a time per session: backend_wgpu/locking.py
         self.budget = resolve_budget(memory_budget)
@@ -191,10 +201,19 @@ class Session:
         self.folded_batch_norms = self._fold_batch_norm(fold_batch_norm)
         #: the QDQ node units replaced by QLinear kernels (qdq_fusion.py), empty with fuse_qdq=False
         self.fusion = self._fuse(fuse_qdq)
+        #: the dynamic-quantization units (DynamicQuantizeLinear -> MatMulInteger / ConvInteger ->
+        #: Cast -> Mul [-> Add] [-> Relu]) replaced by one fused node each (dynamic_fusion.py);
+        #: before the elementwise groups, which would otherwise take their float tails
+        self.dynamic_fusion = self._fuse_dynamic(fuse_dynamic)
+        #: the float32 elementwise groups run as one kernel each (elementwise_fusion.py)
+        self.elementwise_fusion = self._fuse_elementwise(fuse_elementwise)
+        #: NonZero nodes in their padded GPU form, the nodes reading them moved into a region (data_dependent.py)
+        self._nonzeros = self._split_data_dependent()
         #: If / Loop runners (control_flow.py), per node index, built on first run
         self._control: dict[int, Any] = {}
         self._body_options = {"allow_host_fallback": allow_host_fallback, "memory_budget": self.budget,
-                              "fuse_qdq": fuse_qdq, "fold_batch_norm": fold_batch_norm, "specs": self._specs, "tunables": tunables, "variants": variants}
+                              "fuse_qdq": fuse_qdq, "fold_batch_norm": fold_batch_norm, "fuse_dynamic": fuse_dynamic,
+                              "fuse_elementwise": fuse_elementwise, "specs": self._specs, "tunables": tunables, "variants": variants}
         graph = self.model.graph
         self.allow_host_fallback = bool(allow_host_fallback)
         self._opsets = {(imp.domain or ""): imp.version for imp in self.model.opset_import}
@@ -272,19 +291,76 @@ class Session:
         if not enabled:
             return FusionResult(self.model)
 
-        def supported(node: onnx.NodeProto, domain: str, version: int) -> str:
-            if domain in DEFAULT_DOMAINS and node.op_type in VIEW_OPS:
-                return ""  # a view of its (quantized) input
-            spec = self._specs.find(domain, node.op_type, version)
-            if spec is None:
-                return f"no GPU kernel for {self._op_text(domain, node.op_type)} at opset {version}"
-            return self._spec_rejects(spec, node)
-
-        result = fuse_qdq(self.model, elem_of=self._elem, supported=supported)
+        result = fuse_qdq(self.model, elem_of=self._elem, supported=self._kernel_takes)
         if result.units:
             self._replace_model(result.model)
         self._fused_units = {u.node.output[0]: u for u in result.units}
         return result
+
+    def _fuse_dynamic(self, enabled: bool):
+        """After QDQ fusion: dynamic-quantization units onto one fused node each (dynamic_fusion.py);
+        before the elementwise groups, which would otherwise take their float tails."""
+        from onnx_quant.backend_wgpu.dynamic_fusion import fuse_dynamic  # noqa: PLC0415
+
+        return self._fusion_phase(enabled, lambda: fuse_dynamic(self.model, elem_of=self._elem,
+                                                                supported=self._kernel_takes))
+
+    def _fuse_elementwise(self, enabled: bool):
+        """Last: groups of float32 elementwise nodes become one FusedElementwise node each
+        (elementwise_fusion.py)."""
+        from onnx_quant.backend_wgpu.elementwise_fusion import fuse_elementwise  # noqa: PLC0415
+
+        return self._fusion_phase(enabled, lambda: fuse_elementwise(
+            self.model, elem_of=self._elem, supported=self._kernel_takes,
+            spec_of=lambda node, version: self._specs.find("", node.op_type, version)))
+
+    def _fusion_phase(self, enabled: bool, fuse: Callable[[], Any]):
+        """Run one fusion phase on the current model (its result; nothing when disabled): the fused
+        model becomes the session's, each unit stays beside its node to run as written on the host
+        if its kernel declines."""
+        from onnx_quant.backend_wgpu.qdq_fusion import FusionResult  # noqa: PLC0415
+
+        if not enabled:
+            return FusionResult(self.model)
+        result = fuse()
+        if result.units:
+            self._replace_model(result.model)
+            self._fused_units.update({u.node.output[0]: u for u in result.units})
+        return result
+
+    def _kernel_takes(self, node: onnx.NodeProto, domain: str, version: int) -> str:
+        """Why no kernel spec takes a node a construction phase writes ('' if one does)."""
+        if domain in DEFAULT_DOMAINS and node.op_type in VIEW_OPS:
+            return ""  # a view of its (quantized) input
+        spec = self._specs.find(domain, node.op_type, version)
+        if spec is None:
+            return f"no GPU kernel for {self._op_text(domain, node.op_type)} at opset {version}"
+        return self._spec_rejects(spec, node)
+
+    def _split_data_dependent(self) -> list:
+        """After fusion: NonZero nodes a kernel takes become their padded GPU form, the nodes reading
+        their outputs one region node run per count (data_dependent.py); ``self.model`` becomes that."""
+        def rejects(node: onnx.NodeProto) -> str:
+            info = self._static_values.get(node.input[0])
+            version = self._opsets.get("", self._opsets.get("ai.onnx", 0))
+            spec = self._specs.find("", "NonZero", version)
+            if spec is None:
+                return f"no GPU kernel for NonZero at opset {version}"
+            if info is not None and info.shape is not None and len(info.shape) == 0:
+                return "the input's rank is 0 (a scalar's indices: [0, count] for ONNX's inference, [1, count] for numpy)"
+            return self._spec_rejects(spec, node)
+
+        self._opsets = {(imp.domain or ""): imp.version for imp in self.model.opset_import}
+        result = dd.split_model(self.model, rejects)
+        if result.nonzeros:
+            before = self._static_values
+            self._replace_model(result.model)
+            for name, info in before.items():  # what the region makes: as the model as written types it
+                known = self._static_values.get(name)
+                if known is None or not known.elem_type or known.shape is None:
+                    self._static_values[name] = info
+        self._nonzero_declined = result.declined
+        return result.nonzeros
 
     @staticmethod
     def _registry(specs: Any):
@@ -349,6 +425,9 @@ class Session:
             reason = f"no GPU kernel for {self._op_text(domain, node.op_type)} at opset {version}"
         if domain in DEFAULT_DOMAINS and node.op_type == "Constant":
             return _NodeInfo(index, label, node, domain, version, None, "const", "a constant", implicit)
+        if dd.is_region(domain, node.op_type):
+            return _NodeInfo(index, label, node, domain, version, None, "sync", dd.SYNC_WHY, implicit,
+                             tuple(n for n in node.input if n.endswith(dd.COUNT_SUFFIX)))
         if is_control(domain, node.op_type, version):
             return _NodeInfo(index, label, node, domain, version, None, "control", CONTROL_WHY, implicit)
         if domain in DEFAULT_DOMAINS and node.op_type in VIEW_OPS:
@@ -358,6 +437,9 @@ class Session:
                                  reason, implicit)
             if reason:
                 reason = f"{why}; {reason}"
+        if domain in DEFAULT_DOMAINS and node.op_type == "NonZero" and node.output and \
+                node.output[0] in self._nonzero_declined:
+            reason = self._nonzero_declined[node.output[0]]  # not the padded form's missing count output
         if reason:
             return _NodeInfo(index, label, node, domain, version, None, "host", reason, implicit)
         return _NodeInfo(index, label, node, domain, version, spec, "gpu", "", implicit)
@@ -433,11 +515,17 @@ class Session:
 
     def _check_overrides(self) -> None:
         names = {i.label for i in self._nodes} | {i.node.op_type for i in self._nodes}
+        # the nodes of the bodies (If / Loop / Scan, NonZero's region): their sessions check what names them
+        nested = gp.with_nested([n for i in self._nodes for a in i.node.attribute
+                                 for n in list(a.g.node) + [m for g in a.graphs for m in g.node]])
+        names_nested = {n.name for n in nested} | {n.op_type for n in nested}
         by_key: dict[str, list[_NodeInfo]] = {}
         for i in self._nodes:
             by_key.setdefault(i.label, []).append(i)
             by_key.setdefault(i.node.op_type, []).append(i)
         for key in self._variants:
+            if key in names_nested - names:
+                continue
             if key not in names:
                 raise ExecutionError(f"variants: {key!r} is neither a node name nor an op type of this model "
                                      f"(nodes/ops: {', '.join(sorted(names))})")
@@ -446,7 +534,7 @@ class Session:
                 raise ExecutionError(f"variants: {key!r}: node(s) {nokernel} have no GPU kernel to force a variant of")
         global_tun = {k: v for k, v in self._tunables.items() if not isinstance(v, Mapping)}
         for key, v in self._tunables.items():
-            if not isinstance(v, Mapping):
+            if not isinstance(v, Mapping) or key in names_nested - names:
                 continue
             if key not in names:
                 raise ExecutionError(f"tunables: {key!r} is neither a node name nor an op type of this model")
@@ -458,6 +546,8 @@ class Session:
                     raise ExecutionError(f"tunables for {key!r}: kernel {i.spec.name} has no tunables {unknown} "
                                          f"(known: {sorted(i.spec.tunables)})")
         known = {t for i in self._nodes if i.spec is not None for t in i.spec.tunables}
+        known |= {t for n in nested for spec in [self._specs.find(n.domain or "", n.op_type, self._opsets.get(n.domain or "", 0))]
+                  if spec is not None for t in spec.tunables}
         unknown = sorted(set(global_tun) - known)
         if unknown and any(i.spec is not None for i in self._nodes):
             raise ExecutionError(f"tunables {unknown}: no kernel of this model has them (known: {sorted(known)})")
@@ -488,6 +578,9 @@ class Session:
 
         node = info.node
         inputs = [n for n in dict.fromkeys(list(node.input) + list(info.implicit)) if n]
+        if dd.is_padded(node):  # not an ONNX node: onnx.reference does not know it
+            self._evaluators[info.index] = (dd.HostPaddedNonZero(node), inputs)
+            return self._evaluators[info.index]
         opset = next((o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx")), 0)
         host, host_opset = host_node(node, opset, info.label)  # where onnx.reference needs it said otherwise
         imports = [onnx.helper.make_opsetid("", host_opset) if o.domain in ("", "ai.onnx") else o
@@ -530,12 +623,15 @@ class Session:
             arr = arr.astype(element_type(t).dtype)
         return arr
 
-    def _control_flow(self, info: _NodeInfo) -> ControlFlow:
+    def _control_flow(self, info: _NodeInfo) -> Any:
+        """The runner of an If / Loop / Scan (control_flow.py) or of NonZero's region (data_dependent.py)."""
         runner = self._control.get(info.index)
         if runner is None:
-            runner = self._control[info.index] = ControlFlow(
-                info, self.model, {**self._initializers, **self._constants},
-                lambda m: Session(m, device=self.device, **self._body_options), self.stats.add)
+            make = lambda m: Session(m, device=self.device, **{  # noqa: E731
+                **self._body_options, **body_overrides(m, self._tunables, self._variants, self._specs)})
+            runner = self._control[info.index] = (
+                dd.DataDependentRegion(info, self.model, make, self.stats.add) if info.kind == "sync" else
+                ControlFlow(info, self.model, {**self._initializers, **self._constants}, make, self.stats.add))
         return runner
 
     def _run_host(self, step: HostStep, values: dict[str, Any]) -> list[Any]:
@@ -546,7 +642,7 @@ class Session:
             if shape is not None and isinstance(v, np.ndarray) and tuple(v.shape) != shape:
                 v = v.reshape(shape)
             feeds[name] = v
-        if info.kind == "control":
+        if info.kind in ("control", "sync"):
             outs = self._control_flow(info).run(feeds)
             names_out = [o for o in info.node.output if o]
             return [self._as_onnx_dtype(n, v, self._plan_elem.get(n) or self._elem(n)) for n, v in zip(names_out, outs)]
@@ -735,10 +831,12 @@ class Session:
         try:
             # a graph output whose declared shape contradicts what the model computes gets the
             # computed one (onnxruntime warns and does the same): its buffer holds what is written
-            return infer_values(self.model, {k: list(v) for k, v in shapes.items()}, strict=False,
-                                input_values=dict(input_values) or None, declared_outputs_win=False)
+            values = infer_values(self.model, {k: list(v) for k, v in shapes.items()}, strict=False,
+                                  input_values=dict(input_values) or None, declared_outputs_win=False)
         except QuantError as e:
             raise ExecutionError(f"shape inference for input shapes {dict(shapes)} failed: {e}") from None
+        dd.capacity_values(self._nonzeros, values)  # the padded NonZero outputs inference does not know
+        return values
 
     def _build_plan(self, key: tuple, shapes: Mapping[str, tuple[int, ...]], input_values: Mapping[str, np.ndarray],
                     feeds: Mapping[str, Any] | None = None) -> GraphPlan:
@@ -865,6 +963,9 @@ class Session:
             v = values[root]
             if isinstance(v, DeviceValue):  # a device feed asked back as a host output
                 v = v.numpy()
+                self.stats.readbacks += 1
+                self.stats.bytes_read_back += max(4, (v.nbytes + 3) // 4 * 4)
+                self.last_run_stats = self.stats.since(before)
             elif isinstance(v, np.ndarray):
                 if shape is not None and tuple(v.shape) != shape:
                     v = v.reshape(shape)

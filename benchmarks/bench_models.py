@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import re
 import logging
@@ -52,6 +53,8 @@ from onnx_quant import model_zoo
 
 #: run shapes per family (the calibration shapes are model_zoo.CALIBRATION_DIMS)
 RUN_DIMS = {"cnn": {"N": 1, "H": 32, "W": 32}, "mlp": {"N": 8}, "transformer": {"B": 1, "S": 16}}
+#: a second batch size per family: the pipelines a run at it compiles after the first shape's runs
+SECOND_DIMS = {"cnn": {"N": 2, "H": 32, "W": 32}, "mlp": {"N": 16}, "transformer": {"B": 2, "S": 16}}
 
 
 def _say(msg: str) -> None:
@@ -158,7 +161,8 @@ def chain_model(nodes: int = 1000, width: int = 16):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
 
 
-def quantized_models(families, formats) -> list[tuple[str, Any, dict[str, np.ndarray]]]:
+def quantized_models(families, formats) -> list[tuple[str, Any, dict[str, np.ndarray], dict[str, np.ndarray]]]:
+    """(name, model, feeds, feeds at the family's second batch size) per family and format."""
     logging.getLogger().setLevel(logging.ERROR)
     out = []
     for fam in families:
@@ -167,7 +171,7 @@ def quantized_models(families, formats) -> list[tuple[str, Any, dict[str, np.nda
                 warnings.simplefilter("ignore")
                 model = model_zoo.quantized(fam, fmt, per_channel=True)
             feeds = model_zoo.random_feeds(model, RUN_DIMS[fam], seed=1)
-            out.append((f"{fam} {fmt}", model, feeds))
+            out.append((f"{fam} {fmt}", model, feeds, model_zoo.random_feeds(model, SECOND_DIMS[fam], seed=2)))
     return out
 
 
@@ -244,8 +248,29 @@ def write_plots(result: dict[str, Any], directory: str) -> list[str]:
     ]
 
 
-def bench_one(name: str, model, feeds, *, device, repeat: int, timer: PhaseTimer) -> dict[str, Any]:
-    from onnx_quant.backend_wgpu.conformance import host_node_count, host_nodes, make_session  # noqa: PLC0415
+@contextlib.contextmanager
+def _pipeline_requests(device):
+    """The set of pipeline keys (WGSL source, entry point, layout) requested while active: what a
+    device with an empty pipeline cache would compile."""
+    cache = device.pipelines
+    keys: set = set()
+    real = cache.get
+
+    def get(source, key, *, entry_point="main", **kw):
+        keys.add((source, entry_point, key))
+        return real(source, key, entry_point=entry_point, **kw)
+
+    cache.get = get
+    try:
+        yield keys
+    finally:
+        del cache.get
+
+
+def bench_one(name: str, model, feeds, *, device, repeat: int, timer: PhaseTimer,
+              second_feeds: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+    from onnx_quant.backend_wgpu.conformance import (  # noqa: PLC0415
+        host_node_count, host_nodes, make_session, session_accepts)
 
     row: dict[str, Any] = {"model": name, "nodes": len(model.graph.node),
                            "inputs": {k: list(v.shape) for k, v in feeds.items()}}
@@ -262,10 +287,15 @@ def bench_one(name: str, model, feeds, *, device, repeat: int, timer: PhaseTimer
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            session = make_session(model, device=device)
+            # the chain measures the cost of a dispatch: its nodes run one kernel each, unfused
+            unfused = {"fuse_elementwise": False} if (model.graph.name == "chain"
+                                                      and session_accepts("fuse_elementwise")) else {}
+            session = make_session(model, device=device, **unfused)
             t0 = time.perf_counter()
-            got = session.run(None, feeds)
+            with _pipeline_requests(device) as first_keys:
+                got = session.run(None, feeds)
             row["first_run_ms"] = (time.perf_counter() - t0) * 1e3
+            row["pipelines_first_run"] = len(first_keys)
             submits0 = device.stats.submits
             dispatches0 = session.stats.dispatches
             encode0 = session.stats.host_encode_us
@@ -290,6 +320,14 @@ def bench_one(name: str, model, feeds, *, device, repeat: int, timer: PhaseTimer
             row["mean_ms"] = statistics.fmean(times) * 1e3
             row["split_ms"] = split
             row["host_nodes"] = host_nodes(session)
+            if second_feeds is not None:
+                # a new batch size after the first: what it compiles (issue #11 asks for none)
+                with _pipeline_requests(device) as second_keys:
+                    session.run(None, second_feeds)
+                row["second_shape"] = {k: list(v.shape) for k, v in second_feeds.items()}
+                # counted against this model's own first shape, not the device's cache (which
+                # the models before this one filled)
+                row["compilations_second_shape"] = len(second_keys - first_keys)
             count = host_node_count(session)
             if count is not None:
                 row["host_node_runs"] = count
@@ -319,10 +357,10 @@ def run(*, families=("cnn", "mlp", "transformer"), formats=model_zoo.FORMATS, ch
         if chain:
             width = 16
             items.append((f"chain of {chain} Add/Relu [{width}]", chain_model(chain, width),
-                          {"x": np.random.default_rng(0).standard_normal(width).astype(np.float32)}))
-        for i, (name, model, feeds) in enumerate(items, 1):
+                          {"x": np.random.default_rng(0).standard_normal(width).astype(np.float32)}, None))
+        for i, (name, model, feeds, second) in enumerate(items, 1):
             log(f"[{i}/{len(items)}] {name} ({len(model.graph.node)} nodes) ...")
-            row = bench_one(name, model, feeds, device=device, repeat=repeat, timer=timer)
+            row = bench_one(name, model, feeds, device=device, repeat=repeat, timer=timer, second_feeds=second)
             rows.append(row)
             if "gpu_ms" in row:
                 log(f"    gpu {row['gpu_ms']:.2f} ms, onnxruntime {row.get('ort_ms', float('nan')):.3f} ms, "
@@ -375,13 +413,13 @@ def format_markdown(result: dict[str, Any]) -> str:
              "| model | nodes | ort nodes (optimized) | dispatches per run | host µs per dispatch | GPU ms "
              "| onnxruntime ms | GPU / ort "
              "| submits per run | host % | upload % | submit % "
-             "| wait + read-back % | nodes on the host | max \\|diff\\| vs ort |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+             "| wait + read-back % | nodes on the host | max \\|diff\\| vs ort | compiles at a 2nd batch size |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     for r in result["rows"]:
         if "gpu_ms" not in r:
             lines.append(f"| {r['model']} | {r['nodes']} | {r.get('ort_nodes_optimized', '')} | | | — "
                          f"| {_f(r.get('ort_ms'), '.3f')} | | | | | | | "
-                         f"{_short_error(r.get('gpu_error', ''))} | |")
+                         f"{_short_error(r.get('gpu_error', ''))} | | |")
             continue
         s = r["split_ms"]
         total = sum(s.values()) or 1.0
@@ -391,7 +429,8 @@ def format_markdown(result: dict[str, Any]) -> str:
             f"| {_f(r.get('host_encode_us_per_dispatch'), '.1f')} "
             f"| {_f(r['gpu_ms'])} | {_f(r.get('ort_ms'), '.3f')} | {_f(r.get('ratio'), '.0f')} "
             f"| {_f(r['submits_per_run'], '.0f')} | {pct['host']:.0f} | {pct['upload']:.0f} | {pct['submit']:.0f} "
-            f"| {pct['wait+read']:.0f} | {_host_ops(r['host_nodes'])} | {_f(r.get('max_abs_diff_vs_ort'), '.3g')} |")
+            f"| {pct['wait+read']:.0f} | {_host_ops(r['host_nodes'])} | {_f(r.get('max_abs_diff_vs_ort'), '.3g')} "
+            f"| {r.get('compilations_second_shape', '')} |")
     if "baseline_rev" in result:
         lines += ["", f"Beside revision {result['baseline_rev'][:10]} (built from git, timed by the same script "
                       "in a subprocess right after):", "",

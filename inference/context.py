@@ -26,6 +26,15 @@ class TensorInfo:
     shape: tuple[DimLike, ...] | None = None
     value: np.ndarray | None = field(default=None, compare=False, repr=False)
 
+    def __init__(self, elem_type: int = 0, shape: tuple[DimLike, ...] | None = None,
+                 value: np.ndarray | None = None) -> None:
+        # what the frozen dataclass's own __init__ does, without its three object.__setattr__
+        # calls: the pass makes a TensorInfo for nearly every value (half the cost of making one)
+        d = self.__dict__
+        d["elem_type"] = elem_type
+        d["shape"] = shape
+        d["value"] = value
+
     @property
     def rank(self) -> int | None:
         return None if self.shape is None else len(self.shape)

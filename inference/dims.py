@@ -148,12 +148,41 @@ def _mul_terms(a: dict, b: dict) -> dict:
 def add(a: DimLike, b: DimLike) -> DimLike:
     if a is None or b is None:
         return None
-    if isinstance(a, int) and isinstance(b, int):
-        return a + b
+    if isinstance(a, int):
+        if isinstance(b, int):
+            return a + b
+        if b.terms[0][0]:  # Dim + int (the common case): only the constant term changes
+            return _add_constant(b, a)
+    elif isinstance(b, int) and a.terms[0][0]:
+        return _add_constant(a, b)
     ta, tb = _as_terms(a), _as_terms(b)
     for m, c in tb.items():
         ta[m] = ta.get(m, 0) + c
     return _make(ta)
+
+
+def _add_constant(d: Dim, k: int) -> Dim:
+    """``d + k`` for a Dim with a non-constant term: the canonical order keeps the constant
+    term last (see ``_mono_key``), so only that term changes and nothing is sorted again."""
+    k = int(k)  # a bool is an int: keep coefficients plain ints
+    if not k:
+        return d
+    terms = d.terms
+    if terms[-1][0]:
+        return Dim(terms + (((), k),))
+    c = terms[-1][1] + k
+    return Dim(terms[:-1] + (((), c),) if c else terms[:-1])
+
+
+def _scale(d: Dim, k: int) -> DimLike:
+    """``d * k`` for a Dim with a non-constant term and an int ``k``: the monomials and their
+    canonical order stay, only the coefficients scale."""
+    k = int(k)
+    if not k:
+        return 0
+    if k == 1:
+        return d
+    return Dim(tuple((m, c * k) for m, c in d.terms))
 
 
 def neg(a: DimLike) -> DimLike:
@@ -167,8 +196,13 @@ def sub(a: DimLike, b: DimLike) -> DimLike:
 def mul(a: DimLike, b: DimLike) -> DimLike:
     if a is None or b is None:
         return None
-    if isinstance(a, int) and isinstance(b, int):
-        return a * b
+    if isinstance(a, int):
+        if isinstance(b, int):
+            return a * b
+        if b.terms[0][0]:
+            return _scale(b, a)
+    elif isinstance(b, int) and a.terms[0][0]:
+        return _scale(a, b)
     return _make(_mul_terms(_as_terms(a), _as_terms(b)))
 
 

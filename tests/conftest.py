@@ -119,14 +119,16 @@ def assert_node_cases_pass_or_declined(device, ops, declined, at_least: int, *, 
 
 
 def run_every_variant(device, model, feeds, op_type):
-    """The model run with each variant of its ``op_type`` node that applies, forced, no host
-    fallback; asserts they give the same bits and returns (outputs, variant ids)."""
+    """The model run with each variant of its ``op_type`` node (the first node of that op type,
+    else the first node) that applies, forced, no host fallback; asserts they give the same bits
+    and returns (outputs, variant ids)."""
     import numpy as np
 
     from onnx_quant.backend_wgpu.session import Session
 
     with Session(model, device=device) as s:
-        selection = s.explain({k: v.shape for k, v in feeds.items()})[0]["selection"]
+        entries = s.explain({k: v.shape for k, v in feeds.items()})
+        selection = next((e for e in entries if e["op_type"] == op_type), entries[0])["selection"]
     ids = [v for v, failing in selection.items() if failing is None]
     assert ids, selection
     runs = []

@@ -151,8 +151,11 @@ def as_object(value: np.ndarray) -> np.ndarray:
 
 def elementwise_symbolic(fn: Callable[..., DimLike], *values: np.ndarray) -> np.ndarray | None:
     """Apply ``fn`` entry by entry on broadcast object arrays (``None`` entries propagate)."""
-    arrays = np.broadcast_arrays(*[as_object(v) for v in values])
+    arrays = [as_object(v) for v in values]
     shape = arrays[0].shape
+    if any(a.shape != shape for a in arrays):  # (numpy's broadcast_arrays costs ~10 µs even when shapes agree)
+        arrays = np.broadcast_arrays(*arrays)
+        shape = arrays[0].shape
     flats = [a.reshape(-1) for a in arrays]
     out = np.empty(len(flats[0]), dtype=object)
     for i in range(len(out)):

@@ -22,7 +22,7 @@ from onnx_quant.inference.rules.quant_params import (
 )
 from onnx_quant.inference.rules.shape_math import (
     ShapeProblem,
-    conv_output_shape,
+    checked_conv_output_shape,
     conv_problems,
     matmul_output_shape,
     matmul_problems,
@@ -59,7 +59,7 @@ def _conv_shape(n: NodeContext, facts, x: TensorInfo, w: TensorInfo):
         _report_problem(n, p)
     if problems:
         return None  # rank and dims are not trustworthy after a shape problem
-    return conv_output_shape(x.shape, w.shape, **attrs)
+    return checked_conv_output_shape(x.shape, w.shape, **attrs)
 
 
 def _out_channels(w: TensorInfo):

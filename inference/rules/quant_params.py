@@ -51,9 +51,35 @@ def facts_for(n: NodeContext) -> OpFacts:
     return opsets.op_facts(n.node.op_type, n.version, n.node.domain)
 
 
+#: signatures (see :func:`check_schema`) that passed every check: a node with one of them has
+#: nothing to report, so its checks are not run again (bounded; cleared when full)
+_CLEAN_SIGNATURES: set = set()
+_CLEAN_MAX = 4096
+
+
 def check_schema(n: NodeContext, facts: OpFacts | None = None) -> OpFacts:
-    """Counts, attributes, type constraints and type-parameter bindings of ``n``'s version."""
+    """Counts, attributes, type constraints and type-parameter bindings of ``n``'s version.
+
+    Every check reads only the node's signature: the schema, which inputs are given and their
+    element types, the output count, the attributes' names and types. A signature that passed
+    once passes again, so it is looked up instead (Q/DQ nodes of a model share a few)."""
     facts = facts or facts_for(n)
+    node = n.node
+    ctx = n.ctx
+    signature = (facts.op_type, facts.domain, facts.since_version, tuple(ctx[name].elem_type if name else -1 for name in node.input),
+                 len(node.output), tuple((a.name, a.type) for a in node.attribute))
+    if signature in _CLEAN_SIGNATURES:
+        return facts
+    mark = len(ctx.diagnostics)
+    _check_schema(n, facts)
+    if len(ctx.diagnostics) == mark:  # nothing reported (strict mode raises instead)
+        if len(_CLEAN_SIGNATURES) >= _CLEAN_MAX:
+            _CLEAN_SIGNATURES.clear()
+        _CLEAN_SIGNATURES.add(signature)
+    return facts
+
+
+def _check_schema(n: NodeContext, facts: OpFacts) -> None:
     op = n.node.op_type
     n_in = len(n.node.input)
     if n_in > facts.max_input:
@@ -118,7 +144,6 @@ def check_schema(n: NodeContext, facts: OpFacts | None = None) -> OpFacts:
                      subject=f"input {p.name}", expected=type_name(other_t), found=type_name(t))
         else:
             bound.setdefault(tp, (p.name, t))
-    return facts
 
 
 def attr(n: NodeContext, facts: OpFacts, name: str, default=None):

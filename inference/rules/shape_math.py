@@ -202,6 +202,14 @@ def conv_output_shape(x_shape: Shape | None, w_shape: Shape | None, *, auto_pad=
                              dilations=dilations, group=group, kernel_shape=kernel_shape)
     if problems:
         raise problems[0]
+    return checked_conv_output_shape(x_shape, w_shape, auto_pad=auto_pad, pads=pads, strides=strides,
+                                     dilations=dilations, kernel_shape=kernel_shape)
+
+
+def checked_conv_output_shape(x_shape: Shape | None, w_shape: Shape | None, *, auto_pad="NOTSET", pads=None,
+                              strides=None, dilations=None, group: int = 1, kernel_shape=None) -> Shape | None:
+    """:func:`conv_output_shape` for arguments :func:`conv_problems` has found no problem with
+    (a caller that reports every problem itself need not have them found twice)."""
     auto_pad = _text(auto_pad)
     n = _conv_spatial_count(x_shape, w_shape, kernel_shape)
     if n is None:

@@ -219,3 +219,34 @@ def test_bench_models_smoke(device):
     assert row["max_abs_diff_vs_ort"] == 0
     assert row["split_ms"]["submit"] > 0 and row["split_ms"]["wait+read"] > 0
     assert "Per-node overhead" in bench_models.format_markdown(result)
+
+
+def test_bench_models_counts_the_pipelines_a_second_shape_needs(device):
+    """The second-shape column counts the pipelines a run at another shape asks for that the first
+    shape's run did not: 0 at the same shape, and, at shapes no run has compiled before, what the
+    device's cache compiles for the second shape."""
+    import sys
+    from pathlib import Path
+
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import bench_models
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"])],
+                              "relu_neg", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    kw = dict(device=device, repeat=1, timer=bench_models.PhaseTimer())
+    feeds = {"x": np.linspace(-1, 1, 37, dtype=np.float32)}
+    same = bench_models.bench_one("same", model, feeds, second_feeds=feeds, **kw)
+    assert "gpu_error" not in same, same
+    # Relu -> Neg: one fused kernel, one pipeline
+    assert same["compilations_second_shape"] == 0 and same["pipelines_first_run"] == same["dispatches_per_run"] == 1
+    before = device.pipelines.compilations
+    row = bench_models.bench_one("other", model, {"x": np.ones(4099, np.float32)},
+                                 second_feeds={"x": np.ones(4103, np.float32)}, **kw)
+    assert "gpu_error" not in row, row
+    assert device.pipelines.compilations - before == row["pipelines_first_run"] + row["compilations_second_shape"]

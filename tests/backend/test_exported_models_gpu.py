@@ -3,8 +3,8 @@ DBNet (Resize and ConvTranspose), torch transformer block, CRNN with a bidirecti
 QOperator, QDQ and dynamic form, on the GPU against onnxruntime CPU on the same inputs.
 
 Each variant runs with ``allow_host_fallback=False`` unless :data:`HOST` names the op types it still
-needs the host for (then with fallback, those exactly); :data:`REFUSED` names what no session can
-run. Agreement: ``max|diff| <= rtol * max|expected|`` with ``FLOAT_RTOL`` for float and dynamic forms
+needs the host for (then with fallback, those exactly); every variant runs (the dynamic CRNN's
+com.microsoft DynamicQuantizeLSTM has a GPU kernel). Agreement: ``max|diff| <= rtol * max|expected|`` with ``FLOAT_RTOL`` for float and dynamic forms
 (float32 sums in another order; the dynamic forms' integer parts are exact) and ``STATIC_RTOL`` for
 QOperator and QDQ (a requantization that lands on a rounding boundary may move one element a
 quantization step; QDQ runs fused, as optimized onnxruntime does, and is compared with it).
@@ -26,14 +26,11 @@ STATIC_RTOL = 2e-2
 CASES = [f"{name}-{form}" for name in em.MODELS for form in em.FORMS]
 
 #: op types a variant still runs on the host, and why
-HOST = {
-    # NonZero: its output's size is known only once it has run (a data-dependent dim); the int64
-    # Concat of the grid shapes, Resize and ConstantOfShape (the CRNN LSTM's zero initial
-    # states) left the host with their kernels
-    **{f"yolo_head-{f}": {"NonZero"} for f in em.FORMS},
+HOST: dict[str, set[str]] = {
+    # empty: NonZero (the YOLO head's data-dependent dim) runs on the GPU with one sync
+    # (data_dependent.py); the int64 Concat of the grid shapes, Resize and ConstantOfShape (the
+    # CRNN LSTM's zero initial states) left the host with their kernels
 }
-#: variants no session can run: what refuses them
-REFUSED = {"crnn-dynamic": "com.microsoft::DynamicQuantizeLSTM"}
 
 
 def _model(case):
@@ -52,10 +49,15 @@ def _onnxruntime(model, feeds, optimized):
     so.log_severity_level = 3
     if not optimized:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if any(n.op_type == "DynamicQuantizeLSTM" for n in model.graph.node):
+        # with more threads onnxruntime quantizes each step's LSTM state per slice of the batch
+        # (crnn-dynamic, batch 2: 1.2e-3 apart from its own one-thread run); the kernel
+        # quantizes the whole batch, as one thread does (measured: 4.8e-7 from it)
+        so.intra_op_num_threads = 1
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c not in REFUSED])
+@pytest.mark.parametrize("case", CASES)
 def test_exported_model_on_the_gpu_matches_onnxruntime(best, case):
     from onnx_quant.backend_wgpu.session import Session
 
@@ -78,16 +80,3 @@ def test_exported_model_on_the_gpu_matches_onnxruntime(best, case):
             continue
         scale = float(np.abs(w.astype(np.float64)).max(initial=0))
         assert float(np.abs(g.astype(np.float64) - w).max(initial=0)) <= rtol * scale + 1e-6
-
-
-@pytest.mark.parametrize("case", sorted(REFUSED))
-def test_exported_model_no_session_can_run_is_refused(best, case):
-    from onnx_quant.backend_wgpu.session import Session
-    from onnx_quant.errors import ExecutionError
-
-    model, feeds = _model(case)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with pytest.raises(ExecutionError, match=re.escape(REFUSED[case])):
-            with Session(model, device=best) as s:
-                s.run(None, feeds)

@@ -474,7 +474,7 @@ def test_copy_family(best):
         assert_same_bits(got, xd, f"Identity {np.dtype(dtype).name}")
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int8, np.uint8, np.int32, np.bool_],
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int8, np.uint8, np.int32, np.bool_, np.int64, np.uint64],
                          ids=lambda t: np.dtype(t).name)
 def test_transpose(best, dtype):
     for shape, perms in (((2, 3, 5), [[0, 2, 1], [2, 1, 0], [1, 0, 2], None]),

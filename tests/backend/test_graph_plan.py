@@ -218,3 +218,36 @@ def test_leading_passes_over_constants_are_hoisted_and_their_scratch_kept():
     rewrite = _pass("main", ("x", "read"), ("params", "read_write"), ("y", "read_write"))
     assert _hoist_step([params, rewrite], {"x": "feed", "scale": "init", "y": "gpu"})[1] == 0
     assert _hoist_step([params], {"scale": "init", "y": "gpu"})[1] == 0
+
+
+def test_a_sync_step_reads_its_counts_on_the_host_and_the_rest_on_the_device():
+    """NonZero's region (a ``sync`` step, data_dependent.py): the inputs it names in ``host_reads``
+    are read back, the other pooled ones (GPU-made, fed) are passed as views of their buffers,
+    whose lifetimes last until the step has run; the segment before it is cut."""
+    import dataclasses
+
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="a"),
+             helper.make_node("Relu", ["x"], ["c"], name="c"),
+             helper.make_node("Add", ["a", "c"], ["s"], name="s"),     # stands in for the region node
+             helper.make_node("Relu", ["s"], ["e"], name="e")]
+    _, infos, values = build(nodes, [vi("x")], [vi("e")])
+    infos[2] = dataclasses.replace(infos[2], kind="sync", spec=None, reason=gp.SYNC_WHY, host_reads=("c",))
+    infos[2].node.input.append("x")
+    placed = gp.place(infos, values)
+    live = gp.live_nodes(infos, placed.kinds, ["e"])
+    plans = {i.index: stand_in_plan(i) for i in infos if placed.kinds[i.index] == "gpu"}
+    roots, alias = gp.value_roots(infos, placed.kinds, live, values, ["x"], [], ["e"])
+    once = gp.constant_nodes(infos, placed.kinds, live, roots, alias, ["e"])
+    sched = gp.schedule(infos, placed.kinds, live, plans, roots, alias, once, placed.reasons,
+                        lambda i: i.node.op_type, 256)
+    shape = [("seg", [st.label for st in s.steps]) if isinstance(s, Segment) else ("sync", s.label) for s in sched.steps]
+    assert shape == [("seg", ["a", "c"]), ("sync", "s"), ("seg", ["e"])]
+    step = sched.steps[1]
+    assert step.device_inputs == ("a", "x") and step.pos == 2
+    assert roots["c"].on_host and not roots["a"].on_host and not roots["x"].on_host
+    assert roots["s"].origin == "host"   # the region's outputs come back to the host
+    lifetimes, slot_of, _ = gp.assign_memory(roots, sched, 2**30, {"x": (4,)})
+    ends = {lt.key: lt.end for lt in lifetimes}
+    assert ends["a"] == 2 and ends["x"] == 2       # alive until the step has run ...
+    assert slot_of["e"] not in {slot_of["a"], slot_of["x"]}   # ... so e, after it, takes another buffer
+    assert gp.placement_report(infos, placed.kinds, live, placed.reasons)[2] == ("sync", gp.SYNC_WHY)

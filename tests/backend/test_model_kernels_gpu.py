@@ -193,7 +193,7 @@ def test_qgemm_every_variant_matches_onnxruntime(dev, index):
     c = qgemm_case(rng, QGEMM_TYPES[ti], M, K, N, transA=ta, transB=tb, c_shape=cs, per_column=pc, quantized=q,
                    alpha=alpha)
     model, feeds = qgemm_model(c)
-    got = run_variants(dev, model, feeds, QGEMM_FORCE_ALL, expect=("simple", "blocked"))
+    got = run_variants(dev, model, feeds, QGEMM_FORCE_ALL, expect=("simple", "blocked", "blocked_epilogue"))
     expected = ort_run(model, feeds)
     assert got.dtype == expected.dtype and got.shape == expected.shape
     assert np.array_equal(got.view(np.uint8), expected.view(np.uint8))
@@ -202,7 +202,7 @@ def test_qgemm_every_variant_matches_onnxruntime(dev, index):
 
 def test_qgemm_random_shapes_match_onnxruntime(best):
     """Random types, shapes, transposes, C shapes, granularity, output kind and alpha
-    (40 cases, both variants each)."""
+    (40 cases, every variant each)."""
     rng = np.random.default_rng(2024)
     for _ in range(40):
         M, K, N = (int(v) for v in rng.integers(1, 24, size=3))
@@ -223,7 +223,7 @@ def test_qgemm_blocked_across_many_workgroups(best):
     model, feeds = qgemm_model(c)
     small = {"QGemm": {"BLOCKED_MIN_MACS": 0, "WG_COLS": 2, "WG_ROWS": 2, "ROWS_PER_THREAD": 2,
                        "COL_WORDS_PER_THREAD": 1}}
-    got = run_variants(best, model, feeds, small, expect=("simple", "blocked"))
+    got = run_variants(best, model, feeds, small, expect=("simple", "blocked", "blocked_epilogue"))
     assert np.array_equal(got, ort_run(model, feeds))
 
 
@@ -279,7 +279,7 @@ def test_qgemm_refuses_bad_nodes_naming_the_rule(best, change, rule):
     with pytest.raises(ExecutionError) as e:
         plan_node(spec, shapes=shapes, dtypes=dtypes, device=best.info, node_label="qgemm")
     assert "qgemm" in str(e.value) and "no variant applies" in str(e.value)
-    assert str(e.value).count(rule) == 2, str(e.value)  # both variants' first failing clause
+    assert str(e.value).count(rule) == 3, str(e.value)  # every variant's first failing clause
 
 
 # ============================================================================= QLinearSoftmax

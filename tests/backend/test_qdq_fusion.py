@@ -382,6 +382,19 @@ def test_a_pair_is_dropped_only_with_equal_positive_params(q_scale, q_zp, why):
     assert why in declined(model)
 
 
+def test_an_initializer_a_feed_can_override_is_not_a_constant():
+    # the pair's parameters are initializers listed among the graph inputs: a feed may replace
+    # them, so they are not constant and the pair stays (as onnxruntime keeps it)
+    g = G()
+    x = g.qdq_input([1, 2, 4, 4], 0.05, 128)
+    y = g.node("MaxPool", [x], kernel_shape=[2, 2])
+    model = g.model([g.dq(g.q(y, 0.05, 128), 0.05, 128)])
+    q = model.graph.node[-2]
+    model.graph.input.extend([helper.make_tensor_value_info(q.input[1], F, []),
+                              helper.make_tensor_value_info(q.input[2], U8, [])])
+    assert "not constant" in declined(model)
+
+
 def test_a_relu_the_quantize_does_not_make_redundant_blocks_the_unit():
     g = G()
     x = g.qdq_input([1, 3, 5, 5])

@@ -28,7 +28,9 @@ from conftest import assert_bits, assert_node_cases_every_variant, gpu_device, g
 from onnx_quant.dtypes import element_type
 from onnx_quant.errors import DeviceError, ExecutionError
 
-VARIANTS = ("blocked", "tiled", "simple")
+VARIANTS = ("blocked", "tiled", "simple")  # MatMulInteger's
+#: QLinearMatMul's: the *_epilogue ones requantize in the GEMM pass
+QL_VARIANTS = ("blocked_epilogue", "tiled_epilogue") + VARIANTS
 QL_INPUTS = ["a", "a_scale", "a_zero_point", "b", "b_scale", "b_zero_point", "y_scale", "y_zero_point"]
 SCALE_TYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
                "bfloat16": np.dtype(ml_dtypes.bfloat16)}
@@ -368,15 +370,15 @@ def test_qlinear_matmul_every_variant(best, case):
         pass  # the reference broadcasts per-row/column parameters against a 1-D operand's product wrongly
     else:
         assert_bits(expected, ref, "numpy formula vs onnx.reference")
-    for v in VARIANTS:
+    for v in QL_VARIANTS:
         got, plan = run_gpu(best, model, case, v)
         assert plan.variant == v
         assert_bits(got, expected, f"variant {v}")
 
 
 def test_qlinear_matmul_opengl_and_natural_choice(dev):
-    """Each adapter (Vulkan and OpenGL, WebGPU default limits) picks 'blocked' for integer
-    types, and every variant agrees on an unaligned batched case with per-row/per-column
+    """Each adapter (Vulkan and OpenGL, WebGPU default limits) picks 'blocked_epilogue' (one
+    pass) for integer types, and every variant agrees on an unaligned batched case with per-row/per-column
     parameters."""
     rng = np.random.default_rng(3)
     f = {"a": _q(rng, np.uint8, (2, 7, 9)), "a_scale": np.full((2, 7, 1), 0.02, np.float32),
@@ -386,9 +388,9 @@ def test_qlinear_matmul_opengl_and_natural_choice(dev):
     model = qlinear_matmul_model(f)
     expected = np_qlinear_matmul(f)
     got, plan = run_gpu(dev, model, f)
-    assert plan.variant == "blocked"
+    assert plan.variant == "blocked_epilogue"
     assert_bits(got, expected, "natural")
-    for v in VARIANTS:
+    for v in QL_VARIANTS:
         assert_bits(run_gpu(dev, model, f, v)[0], expected, v)
 
 
@@ -415,7 +417,7 @@ def test_exact_ties_round_half_to_even(best):
             assert_bits(np_qlinear_matmul(f), expected, "numpy")
             d = accs / m_scale + yzp
             assert np.sum(d - np.floor(d) == 0.5) > 20  # the case really has ties
-            for v in VARIANTS:
+            for v in QL_VARIANTS:
                 assert_bits(run_gpu(best, model, f, v)[0], expected, f"ties m=1/{m_scale} zp={yzp} {v}")
 
 
@@ -457,7 +459,7 @@ def test_float32_vs_float64_requantization_matches_the_reference(best):
         accs = a.astype(np.int64) @ f["b"].astype(np.int64)
         f32 = np.clip(np.rint((accs.astype(np.float32) * f["b_scale"]).astype(np.float32)) + yzp, 0, 255).astype(np.uint8)
         assert np.sum(np.diag(f32) != np.diag(expected)) >= len(pairs) // 2
-        for v in VARIANTS:
+        for v in QL_VARIANTS:
             assert_bits(run_gpu(best, model, f, v)[0], expected, f"zp={yzp} {v}")
         import onnxruntime as ort
         sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -553,7 +555,8 @@ def test_matmul_integer_int32_wraps_like_numpy(best):
 
 def test_onnx_node_cases(best):
     """ONNX's own node test cases for QLinearMatMul and MatMulInteger pass with every variant."""
-    assert assert_node_cases_every_variant(best, {"QLinearMatMul", "MatMulInteger"}, VARIANTS) >= 9
+    assert assert_node_cases_every_variant(best, {"QLinearMatMul"}, QL_VARIANTS) >= 8
+    assert assert_node_cases_every_variant(best, {"MatMulInteger"}, VARIANTS) >= 1
 
 
 # ----------------------------------------------------------------------------- edges, limits, errors
@@ -568,11 +571,11 @@ def test_empty_and_degenerate_shapes(best, a_shape, b_shape):
          "y_scale": np.array(0.5, np.float32), "y_zero_point": np.array(9, np.uint8)}
     expected = np_qlinear_matmul(f)
     model = qlinear_matmul_model(f)
-    for v in (None,) + VARIANTS:
+    for v in (None,) + QL_VARIANTS:
         try:
             got = run_gpu(best, model, f, v)[0]
         except ExecutionError:
-            assert v in ("blocked", "tiled") and expected.size == 0  # need a non-empty output
+            assert v in ("blocked", "tiled", "blocked_epilogue", "tiled_epilogue") and expected.size == 0  # need a non-empty output
             continue
         assert_bits(got, expected, f"{a_shape} x {b_shape} {v}")
 
@@ -594,7 +597,7 @@ def test_grids_split_beyond_the_dispatch_limit():
     expected = np_qlinear_matmul(f)
     tun = {"WG_ROWS": 2, "WG_COLS": 2, "ROWS_PER_THREAD": 2, "COL_WORDS_PER_THREAD": 1, "TILE_WG_ROWS": 2,
            "TILE_WG_COLS": 2, "TILE_ROWS_PER_THREAD": 2, "TILE_COL_WORDS_PER_THREAD": 1, "SIMPLE_WORKGROUP_SIZE": 8}
-    for v in VARIANTS:
+    for v in QL_VARIANTS:
         got, plan = run_gpu(small, model, f, v, tunables=tun)
         assert any(p.dispatch[1] > 1 for p in plan.passes), (v, [p.dispatch for p in plan.passes])
         assert_bits(got, expected, v)
@@ -624,21 +627,25 @@ def _small_feeds(**over):
 
 
 def test_selection_rule_without_a_device():
-    """blocked (priority 20) > tiled (10) > simple (0): a workgroup limit too small for
-    blocked's 8x8 takes tiled (lowered to 4x4), workgroup memory too small for the tile takes
-    simple; forcing never bypasses a when clause."""
+    """blocked_epilogue (priority 24) > blocked (20) > tiled_epilogue (14) > tiled (10) > simple
+    (0): a workgroup limit too small for blocked's 8x8 takes tiled_epilogue (lowered to 4x4),
+    workgroup memory too small for the tile takes simple; forcing never bypasses a when clause;
+    the two-pass variants stay forcible."""
     f = _small_feeds()
-    assert _plan(f).variant == "blocked"
+    assert _plan(f).variant == "blocked_epilogue"
+    assert [p.id for p in _plan(f).passes] == ["params", "gemm"]
+    assert [p.id for p in _plan(f, variant="blocked").passes] == ["params", "gemm", "requant"]
     small_tile = {"TILE_WG_ROWS": 4, "TILE_WG_COLS": 4}
-    assert _plan(f, {"maxComputeInvocationsPerWorkgroup": 32}, tunables=small_tile).variant == "tiled"
+    assert _plan(f, {"maxComputeInvocationsPerWorkgroup": 32}, tunables=small_tile).variant == "tiled_epilogue"
     plan = _plan(f, {"maxComputeInvocationsPerWorkgroup": 32, "maxComputeWorkgroupStorageSize": 512}, tunables=small_tile)
     assert plan.variant == "simple"
     assert plan.selection["tiled"] == "tiledFits" and plan.selection["blocked"] == "blockedFits"
+    assert plan.selection["tiled_epilogue"] == "tiledFits" and plan.selection["blocked_epilogue"] == "epilogueFits"
     with pytest.raises(ExecutionError, match="cannot force"):
         _plan(f, {"maxComputeWorkgroupStorageSize": 512}, variant="tiled")
     # PREFER_TILED=1 (for devices where workgroup-memory tiles win) puts tiled first where it fits
-    assert _plan(f, tunables={"PREFER_TILED": 1}).variant == "tiled"
-    assert _plan(f, {"maxComputeWorkgroupStorageSize": 512}, tunables={"PREFER_TILED": 1}).variant == "blocked"
+    assert _plan(f, tunables={"PREFER_TILED": 1}).variant == "tiled_epilogue"
+    assert _plan(f, {"maxComputeWorkgroupStorageSize": 512}, tunables={"PREFER_TILED": 1}).variant == "blocked_epilogue"
 
 
 @pytest.mark.parametrize("change,clause", [

@@ -1,0 +1,248 @@
+"""NonZero on the GPU: an output whose size the data decides, as one documented sync.
+
+A construction phase (:func:`split_model`, after the fusion phases) rewrites the model the Session runs:
+
+* every *frontier* NonZero (one that no other GPU NonZero's output reaches) becomes the padded
+  GPU form ``NonZero(X) -> (Y::nonzero_all, Y::nonzero_count)``: the kernel
+  (templates/non_zero.base.json) writes the indices of Y row-major into a buffer allocated for
+  ``[rank, numel(X)]`` (so a count beyond it cannot happen) and the count into an int64 ``[1]``;
+* the nodes that read Y, directly or through others (the *region*), move into the body of one
+  ``onnx_quant.sync::DataDependent`` node that reads the padded outputs, the counts and the other
+  values the region needs, and makes the graph outputs the region makes.
+
+At run time the schedule cuts after the segment that ends with the NonZero (the region reads
+the count on the host); the executor reads back the count (8 bytes, through the plan's staging
+buffer) and :class:`DataDependentRegion` runs the region as a Session of its own on the same
+device, fed Y as a :class:`DeviceValue` over the first ``rank * count`` elements of the padded
+buffer and every other GPU-made value it reads as a view of its pooled buffer: nothing else
+crosses to the host. The body session keys its plans on its input shapes, so on the count: a
+count seen before replans nothing. A NonZero inside the region is the body session's own
+frontier (its own sync). Costs: docs/backend.md, "Data-dependent sizes".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from onnx_quant.backend_wgpu.device_value import DeviceValue
+from onnx_quant.backend_wgpu.graph_plan import SYNC_WHY, concrete, free_names, subgraph_reads  # noqa: F401 (re-exported)
+from onnx_quant.dtypes import element_type
+from onnx_quant.errors import ExecutionError, QuantError
+
+REGION_DOMAIN = "onnx_quant.sync"
+REGION_OP = "DataDependent"
+ALL_SUFFIX = "::nonzero_all"
+COUNT_SUFFIX = "::nonzero_count"
+
+
+def is_region(domain: str, op_type: str) -> bool:
+    return domain == REGION_DOMAIN and op_type == REGION_OP
+
+
+def is_padded(node: onnx.NodeProto) -> bool:
+    """A NonZero in its padded form (two outputs: the indices at capacity, the count)."""
+    return (node.op_type == "NonZero" and node.domain in ("", "ai.onnx") and len(node.output) == 2
+            and node.output[1].endswith(COUNT_SUFFIX))
+
+
+class HostPaddedNonZero:
+    """The padded form on the host, for a plan where the kernel cannot run it (its input's shape
+    unknown for those input shapes): numpy.nonzero written as the kernel writes it (shaped like
+    ``ReferenceEvaluator``: ``run(None, feeds)``)."""
+
+    def __init__(self, node: onnx.NodeProto):
+        self.x = node.input[0]
+
+    def run(self, _names: Any, feeds: Mapping[str, Any]) -> list[np.ndarray]:
+        x = np.asarray(feeds[self.x])
+        if x.ndim == 0:
+            raise ExecutionError("NonZero of a rank-0 input: numpy and ONNX's inference disagree on its output")
+        found = np.array(np.nonzero(x), dtype=np.int64)
+        padded = np.zeros((x.ndim, x.size), np.int64)
+        padded.reshape(-1)[:found.size] = found.reshape(-1)
+        return [padded, np.array([found.shape[1]], np.int64)]
+
+
+@dataclass(frozen=True)
+class PaddedNonZero:
+    """One rewritten NonZero: its input, its original output and the padded form's two outputs."""
+
+    x: str
+    y: str
+    padded: str
+    count: str
+
+
+@dataclass
+class SplitResult:
+    model: onnx.ModelProto
+    nonzeros: list[PaddedNonZero] = field(default_factory=list)
+    #: output name of a NonZero left as written -> why the GPU form does not take it
+    declined: dict[str, str] = field(default_factory=dict)
+
+
+def _reads(node: onnx.NodeProto) -> set[str]:
+    return {n for n in node.input if n} | subgraph_reads(node)
+
+
+def split_model(model: onnx.ModelProto, rejects: Callable[[onnx.NodeProto], str]) -> SplitResult:
+    """The model with its frontier NonZero nodes in their padded GPU form and the nodes that read
+    their outputs moved into one region node (unchanged when there is none). ``rejects(node)``:
+    why the GPU kernel does not take this (two-output) NonZero whatever the shapes ('' if it does)."""
+    graph = model.graph
+    tainted: set[str] = set()
+    region: list[onnx.NodeProto] = []
+    head: list[onnx.NodeProto] = []
+    padded: list[PaddedNonZero] = []
+    declined: dict[str, str] = {}
+    for node in graph.node:
+        if _reads(node) & tainted:
+            region.append(node)
+            tainted |= {o for o in node.output if o}
+            continue
+        if node.domain in ("", "ai.onnx") and node.op_type == "NonZero" and node.input and node.input[0] \
+                and node.output and node.output[0]:
+            y = node.output[0]
+            form = onnx.NodeProto()
+            form.CopyFrom(node)
+            del form.output[:]
+            form.output.extend([y + ALL_SUFFIX, y + COUNT_SUFFIX])
+            why = rejects(form)
+            if not why:
+                padded.append(PaddedNonZero(node.input[0], y, form.output[0], form.output[1]))
+                head.append(form)
+                tainted.add(y)
+                continue
+            declined[y] = why
+        head.append(node)
+    if not padded:
+        return SplitResult(model, declined=declined)
+    ys = [p.y for p in padded]
+    outputs = [o for o in graph.output if o.name in tainted]
+    # the parent's weights and Constants the region reads go into the body (uploaded once there)
+    inits = {t.name: t for t in graph.initializer}
+    body_inits: list[onnx.TensorProto] = []
+    consts: list[onnx.NodeProto] = []
+    needed = set().union(*(_reads(n) for n in region)) if region else set()
+    for name in sorted(needed & set(inits)):
+        body_inits.append(inits[name])
+    for node in head:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and set(node.output) & needed:
+            consts.append(node)
+    body = helper.make_graph(consts + region, "data_dependent_region", [], [], initializer=body_inits)
+    for o in outputs:
+        vi = onnx.ValueInfoProto()
+        vi.CopyFrom(o)
+        if vi.type.HasField("tensor_type"):
+            vi.type.tensor_type.ClearField("shape")  # the body's plans decide the shapes
+        body.output.append(vi)
+    reads = ys + [n for n in free_names(body) if n not in ys]
+    body.input.extend(onnx.ValueInfoProto(name=n) for n in reads)  # typed from the values at first run
+    region_inputs = [n for p in padded for n in (p.padded, p.count)] + reads[len(ys):]
+    sync = helper.make_node(REGION_OP, region_inputs, [o.name for o in outputs], name="data_dependent_region",
+                            domain=REGION_DOMAIN, body=body)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(head + ([sync] if outputs else []))
+    if not any(o.domain == REGION_DOMAIN for o in out.opset_import):
+        out.opset_import.append(helper.make_opsetid(REGION_DOMAIN, 1))
+    return SplitResult(out, padded, declined)
+
+
+def capacity_values(nonzeros: list[PaddedNonZero], values: dict[str, Any]) -> None:
+    """Inference's values completed for the padded outputs: ``[rank, numel(X)]`` and ``[1]``, int64
+    (inference sees a two-output NonZero it does not know), where X's shape is known."""
+    from onnx_quant.inference.context import TensorInfo  # noqa: PLC0415
+
+    for p in nonzeros:
+        info = values.get(p.x)
+        shape = concrete(None if info is None else info.shape)
+        if shape is None:
+            continue  # the kernel cannot be planned: the node runs on the host (HostPaddedNonZero)
+        values[p.padded] = TensorInfo(onnx.TensorProto.INT64, (len(shape), math.prod(shape)))
+        values[p.count] = TensorInfo(onnx.TensorProto.INT64, (1,))
+
+
+def _value_info(name: str, value: Any, *, indices: bool = False) -> onnx.ValueInfoProto:
+    """A body input typed like ``value`` (an array or a DeviceValue), every dim anonymous but the
+    rank of NonZero's ``indices`` (fixed: what follows, a GatherND, knows its output's rank)."""
+    dtype = value.dtype if isinstance(value, DeviceValue) else np.asarray(value).dtype
+    dims = list(value.dims) if isinstance(value, DeviceValue) else list(np.asarray(value).shape)
+    return helper.make_tensor_value_info(name, element_type(dtype).code,
+                                         [dims[0], None] if indices else [None] * len(dims))
+
+
+class DataDependentRegion:
+    """Runs one region node: :meth:`run` takes the node's feeds (padded NonZero outputs and the
+    device views of GPU-made values as DeviceValues, the counts and host values as arrays) and
+    returns the node's outputs (the graph outputs the region makes, on the host)."""
+
+    def __init__(self, info: Any, model: onnx.ModelProto, make_session: Callable[[onnx.ModelProto], Any],
+                 absorb: Callable[[Mapping[str, Any]], None]):
+        self.info = info
+        self.model = model
+        self.make_session = make_session
+        self.absorb = absorb
+        self.body = next(a.g for a in info.node.attribute if a.name == "body")
+        #: the NonZeros whose outputs the region reads: 2 node inputs each (padded, count), 1 body input (Y)
+        self.n_nonzeros = len(info.node.input) - len(self.body.input)
+        self._session: Any = None
+
+    def body_sessions(self) -> list[Any]:
+        return [] if self._session is None else [self._session]
+
+    def _fail(self, what: str) -> ExecutionError:
+        return ExecutionError(f"node {self.info.label!r} (NonZero's region): {what}")
+
+    def _feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        """The body's feeds: each Y a view of the first rank * count elements of its padded buffer."""
+        names = list(self.info.node.input)
+        inputs = [i.name for i in self.body.input]
+        n_ys = self.n_nonzeros
+        out: dict[str, Any] = {}
+        for k in range(n_ys):
+            padded, count = feeds[names[2 * k]], np.asarray(feeds[names[2 * k + 1]]).reshape(-1)
+            rank, capacity = padded.dims if isinstance(padded, DeviceValue) else padded.shape
+            c = int(count[0])
+            if not 0 <= c <= capacity:  # impossible by construction (the buffer holds every element)
+                raise self._fail(f"NonZero counted {c} nonzero elements of {capacity}")
+            if isinstance(padded, DeviceValue):
+                out[inputs[k]] = DeviceValue.borrowed(padded.device, padded.buffer, "int64", (rank, c))
+            else:  # the padded form ran on the host
+                out[inputs[k]] = np.ascontiguousarray(padded.reshape(-1)[:rank * c].reshape(rank, c))
+        for name, body_name in zip(names[2 * n_ys:], inputs[n_ys:]):
+            out[body_name] = feeds[name]
+        return out
+
+    def _body_session(self, feeds: Mapping[str, Any]) -> Any:
+        if self._session is None:
+            g = onnx.GraphProto()
+            g.CopyFrom(self.body)
+            del g.input[:]
+            g.input.extend(_value_info(i.name, feeds[i.name], indices=k < self.n_nonzeros)
+                           for k, i in enumerate(self.body.input))
+            g.name = f"{self.info.label}_body"
+            child = helper.make_model(g, opset_imports=list(self.model.opset_import),
+                                      ir_version=self.model.ir_version, functions=list(self.model.functions))
+            try:
+                self._session = self.make_session(child)
+            except QuantError as e:
+                raise self._fail(f"cannot run: {e}") from None
+        return self._session
+
+    def run(self, feeds: Mapping[str, Any]) -> list[Any]:
+        body_feeds = self._feeds(feeds)
+        session = self._body_session(body_feeds)
+        try:
+            outs = session.run(None, body_feeds)
+        except QuantError as e:
+            raise self._fail(str(e)) from None
+        self.absorb(session.last_run_stats)
+        return outs
