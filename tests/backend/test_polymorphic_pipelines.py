@@ -230,7 +230,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 #: pipelines a second batch size / sequence length compiles (benchmarks/second_shape_compiles.py;
 #: cnn N 1 -> 2, mlp N 8 -> 16, transformer B 1 -> 2 and S 16 -> 24; on main before
-#: shape-polymorphic pipelines (28ded94): cnn 8/8/7, mlp 10/10/4, transformer 21/21/14)
+#: shape-polymorphic pipelines (329e643): cnn 8/8/7, mlp 10/10/4, transformer 21/21/14)
 SECOND_SHAPE = {("cnn", "qoperator"): 5, ("cnn", "qdq"): 5, ("cnn", "dynamic"): 4,
                 ("mlp", "qoperator"): 6, ("mlp", "qdq"): 6, ("mlp", "dynamic"): 3,
                 ("transformer", "qoperator"): 10, ("transformer", "qdq"): 10, ("transformer", "dynamic"): 7}
