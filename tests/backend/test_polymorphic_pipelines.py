@@ -102,8 +102,9 @@ def test_a_second_shape_compiles_nothing_and_both_are_right(dev, case):
 
 
 def test_quantized_binary_broadcast_at_two_shapes(dev):
-    """QLinearAdd (its operand order derived by the spec) at two batch sizes: one pipeline per
-    pass, bit for bit onnxruntime's."""
+    """QLinearAdd (its operand order derived by the spec) at three batch sizes: bit for bit
+    onnxruntime's; the second and third share the pipelines (at batch 1 the [1, 6] operand is the
+    output's shape: the identity index, a pipeline of its own)."""
     ort = pytest.importorskip("onnxruntime")
     from onnx_quant.backend_wgpu.session import Session
 
@@ -119,7 +120,7 @@ def test_quantized_binary_broadcast_at_two_shapes(dev):
     sess = Session(model, device=dev, allow_host_fallback=False)
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     dev.pipelines.forget()
-    for n, compiled in ((1, None), (7, 0)):
+    for n, compiled in ((1, None), (2, None), (7, 0)):
         feeds = {"a": rng.integers(0, 256, (n, 6), dtype=np.uint8)}
         got = sess.run(None, feeds)[0]
         assert np.array_equal(got, ref.run(None, feeds)[0])
