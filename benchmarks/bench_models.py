@@ -250,21 +250,28 @@ def write_plots(result: dict[str, Any], directory: str) -> list[str]:
 
 @contextlib.contextmanager
 def _pipeline_requests(device):
-    """The set of pipeline keys (WGSL source, entry point, layout) requested while active: what a
-    device with an empty pipeline cache would compile."""
+    """The set of pipelines (by identity) the device's cache handed out while active, whether it
+    compiled them or found them: what a device with an empty pipeline cache would compile."""
     cache = device.pipelines
-    keys: set = set()
-    real = cache.get
+    used: set = set()
 
-    def get(source, key, *, entry_point="main", **kw):
-        keys.add((source, entry_point, key))
-        return real(source, key, entry_point=entry_point, **kw)
+    def recording(name):
+        real = getattr(cache, name)
 
-    cache.get = get
+        def method(*args, **kw):
+            compiled = real(*args, **kw)
+            used.add(id(compiled))
+            return compiled
+        return method
+
+    names = [n for n in ("get", "for_pass") if hasattr(cache, n)]
+    for name in names:
+        setattr(cache, name, recording(name))
     try:
-        yield keys
+        yield used
     finally:
-        del cache.get
+        for name in names:
+            delattr(cache, name)
 
 
 def bench_one(name: str, model, feeds, *, device, repeat: int, timer: PhaseTimer,

@@ -2,7 +2,7 @@
 pipelines): runs each quantized zoo model at its benchmark dims, then at a second batch size /
 sequence length, and reports how many pipelines the second run compiled and for which kernels.
 
-    python benchmarks/second_shape_compiles.py [--families cnn mlp transformer] [--formats ...]
+    python benchmarks/second_shape_compiles.py [--families cnn mlp transformer] [--formats ...] [--batch-only]
 """
 
 from __future__ import annotations
@@ -16,15 +16,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-#: the second shape of each family (the first is bench_models.RUN_DIMS)
-SECOND_DIMS = {"cnn": {"N": 2, "H": 32, "W": 32}, "mlp": {"N": 16}, "transformer": {"B": 2, "S": 24}}
+import bench_models  # noqa: E402 - benchmarks/bench_models.py, beside this script
+
+#: the second shape of each family (the first is bench_models.RUN_DIMS): bench_models.SECOND_DIMS, the
+#: batch size alone, with the transformer's sequence length changed too
+SECOND_DIMS = {**bench_models.SECOND_DIMS, "transformer": {"B": 2, "S": 24}}
 FORMATS = ("qoperator", "qdq", "dynamic")
 
 
-def second_shape_compiles(family: str, fmt: str, device=None) -> tuple[int, list[str]]:
-    """(pipelines compiled by the second shape's first run, 'kernel/variant/pass' of each)."""
-    from bench_models import RUN_DIMS  # noqa: PLC0415
-
+def second_shape_compiles(family: str, fmt: str, device=None, *, batch_only: bool = False) -> tuple[int, list[str]]:
+    """(pipelines compiled by the second shape's first run, 'kernel/variant/pass' of each); with
+    ``batch_only`` the second shape changes the batch size alone (bench_models.SECOND_DIMS)."""
     from onnx_quant import model_zoo  # noqa: PLC0415
     from onnx_quant.backend_wgpu.session import Session  # noqa: PLC0415
 
@@ -35,9 +37,10 @@ def second_shape_compiles(family: str, fmt: str, device=None) -> tuple[int, list
     sess = Session(model, device=device, allow_host_fallback=True)
     cache = sess.device.pipelines
     cache.forget()  # each model from a cold cache: another model's pipelines would hide its own
-    sess.run(None, model_zoo.random_feeds(model, RUN_DIMS[family], seed=1))
+    sess.run(None, model_zoo.random_feeds(model, bench_models.RUN_DIMS[family], seed=1))
     before = set(cache._pipelines)
-    sess.run(None, model_zoo.random_feeds(model, SECOND_DIMS[family], seed=2))
+    second = (bench_models.SECOND_DIMS if batch_only else SECOND_DIMS)[family]
+    sess.run(None, model_zoo.random_feeds(model, second, seed=2))
     compiled = sess.last_run_stats["pipelines_compiled"]
     new = [cache._pipelines[k].label.split("/", 1)[-1] for k in set(cache._pipelines) - before]
     return compiled, sorted(new)
@@ -47,11 +50,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--families", nargs="+", default=list(SECOND_DIMS))
     ap.add_argument("--formats", nargs="+", default=list(FORMATS))
+    ap.add_argument("--batch-only", action="store_true", help="change the batch size alone")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
     for fam in args.families:
         for fmt in args.formats:
-            n, labels = second_shape_compiles(fam, fmt)
+            n, labels = second_shape_compiles(fam, fmt, batch_only=args.batch_only)
             kinds = collections.Counter(lab.split("/")[0] for lab in labels)
             print(f"{fam:12s} {fmt:10s} {n:3d}  {dict(sorted(kinds.items()))}", flush=True)
             if args.verbose:
