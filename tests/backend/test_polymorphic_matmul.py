@@ -86,6 +86,31 @@ def _dynamic_unit(rng, shared):
     return _model(nodes, [_vi("x", TensorProto.FLOAT, ["B", "S", k])], outputs, inits)
 
 
+def _qgemm(rng, trans_a, c_rows):
+    """com.microsoft QGemm of a uint8 A (M = "N" rows; transA: A is [K, N]) by an int8 B^T
+    (per-column), C [N'] or, c_rows, a graph input ["N", N'], quantized uint8 output."""
+    k, n = 20, 12
+    inits = [numpy_helper.from_array(np.array(v, dt), name) for name, v, dt in
+             [("a_scale", 0.03, np.float32), ("a_zp", 121, np.uint8), ("y_scale", 0.9, np.float32),
+              ("y_zp", 110, np.uint8)]]
+    inits += [numpy_helper.from_array(_q(rng, np.int8, (n, k)), "B"),
+              numpy_helper.from_array(rng.uniform(0.01, 0.03, n).astype(np.float32), "b_scale"),
+              numpy_helper.from_array(_q(rng, np.int8, (n,)) // 8, "b_zp")]
+    inputs = [_vi("A", TensorProto.UINT8, [k, "N"] if trans_a else ["N", k])]
+    if c_rows:
+        inputs.append(_vi("C", TensorProto.INT32, ["N", n]))
+    else:
+        inits.append(numpy_helper.from_array(rng.integers(-4000, 4000, n).astype(np.int32), "C"))
+    node = helper.make_node("QGemm", ["A", "a_scale", "a_zp", "B", "b_scale", "b_zp", "C", "y_scale", "y_zp"],
+                            ["Y"], domain=MS, transA=int(trans_a), transB=1)
+    return _model([node], inputs, [_vi("Y", TensorProto.UINT8, None)], inits, domains=(MS,))
+
+
+def _ort(model, feeds):
+    ort = pytest.importorskip("onnxruntime")
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
 def _reference(model, feeds):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -99,12 +124,12 @@ def _ort_unfused(model, feeds):
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
-def _check_two_shapes(dev, model, op_type, variant, feeds_list, oracle):
+def _check_two_shapes(dev, model, op_type, variant, feeds_list, oracle, tunables=None):
     """Runs `model` with `op_type` forced to `variant` at each feeds of feeds_list from a cold
     cache: every run after the first compiles nothing; every output equals the oracle's bits."""
     from onnx_quant.backend_wgpu.session import Session
 
-    sess = Session(model, device=dev, variants={op_type: variant}, allow_host_fallback=False)
+    sess = Session(model, device=dev, variants={op_type: variant}, allow_host_fallback=False, tunables=tunables)
     dev.pipelines.forget()
     for i, feeds in enumerate(feeds_list):
         got = sess.run(None, feeds)
@@ -165,3 +190,19 @@ def test_dynamic_matmul_two_batch_sizes(dev, op_type, variant):
     feeds_list = [{"x": (rng.standard_normal((b, s, 24)) * 3 + 0.5).astype(np.float32)}
                   for b, s in ((1, 16), (2, 24), (3, 10))]
     _check_two_shapes(dev, model, op_type, variant, feeds_list, _ort_unfused)
+
+
+@pytest.mark.parametrize("variant", ("blocked_epilogue", "blocked", "simple"))
+@pytest.mark.parametrize("trans_a, c_rows", [(False, False), (True, False), (False, True)])
+def test_qgemm_two_batch_sizes(dev, variant, trans_a, c_rows):
+    """QGemm's M follows the batch (rows of A, or its columns with transA; C of [M, N] too):
+    onnxruntime's bits at M = 8, 16, 11."""
+    rng = np.random.default_rng(11)
+    model = _qgemm(rng, trans_a, c_rows)
+    feeds_list = []
+    for m in (8, 16, 11):
+        f = {"A": _q(rng, np.uint8, (20, m) if trans_a else (m, 20))}
+        if c_rows:
+            f["C"] = rng.integers(-4000, 4000, (m, 12)).astype(np.int32)
+        feeds_list.append(f)
+    _check_two_shapes(dev, model, "QGemm", variant, feeds_list, _ort, tunables={"QGemm": {"BLOCKED_MIN_MACS": 0}})
