@@ -186,12 +186,13 @@ def test_matmul_integer_two_batch_sizes(dev, variant):
 @pytest.mark.parametrize("op_type, variant", [("DynamicQuantizeMatMul", "fused"),
                                               ("DynamicQuantizeMatMul", "two_pass"),
                                               ("MatMulIntegerToFloat", "gemm")])
-def test_dynamic_matmul_two_batch_sizes(dev, op_type, variant):
-    """Rows B x S = 16, 48, 30 (the transformer's B 1 -> 2 with S 16 -> 24, and more)."""
+@pytest.mark.parametrize("sizes", [((1, 16), (2, 24), (3, 10)), ((1, 1), (2, 1))], ids=["rows16_48_30", "rows1_2"])
+def test_dynamic_matmul_two_batch_sizes(dev, op_type, variant, sizes):
+    """Rows B x S = 16, 48, 30 (the transformer's B 1 -> 2 with S 16 -> 24, and more), and 1 -> 2
+    (a classifier at batch 1 -> 2: one row tile of 2 serves both)."""
     rng = np.random.default_rng(7)
     model = _dynamic_unit(rng, shared=op_type == "MatMulIntegerToFloat")
-    feeds_list = [{"x": (rng.standard_normal((b, s, 24)) * 3 + 0.5).astype(np.float32)}
-                  for b, s in ((1, 16), (2, 24), (3, 10))]
+    feeds_list = [{"x": (rng.standard_normal((b, s, 24)) * 3 + 0.5).astype(np.float32)} for b, s in sizes]
     _check_two_shapes(dev, model, op_type, variant, feeds_list, _ort_unfused)
 
 
