@@ -12,7 +12,7 @@ from onnx_quant.cli import main
 
 #: measured on lavapipe with this commit's kernels (docs/conformance.md); a kernel lost or a case
 #: newly declined shows here
-MIN_PASSING = 1544
+MIN_PASSING = 1545
 
 
 def _row(case, op, **kw):
