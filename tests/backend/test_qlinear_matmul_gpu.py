@@ -365,8 +365,14 @@ def test_qlinear_matmul_every_variant(best, case):
     numpy's formula and onnx.reference bit for bit."""
     model = qlinear_matmul_model(case)
     expected = np_qlinear_matmul(case)
-    ref = reference_outputs(model, case)
-    if ref.shape != expected.shape and (case["a"].ndim == 1 or case["b"].ndim == 1):
+    vector_operand = case["a"].ndim == 1 or case["b"].ndim == 1
+    try:
+        ref = reference_outputs(model, case)
+    except ValueError:
+        if not vector_operand:
+            raise
+        ref = None  # the reference cannot broadcast per-row parameters against a 1-D b's product
+    if ref is None or (ref.shape != expected.shape and vector_operand):
         pass  # the reference broadcasts per-row/column parameters against a 1-D operand's product wrongly
     else:
         assert_bits(expected, ref, "numpy formula vs onnx.reference")
