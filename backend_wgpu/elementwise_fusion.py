@@ -93,7 +93,7 @@ def fuse_elementwise(model: onnx.ModelProto, *, elem_of: Callable[[str], int],
     result = FusionResult(model)
     f32 = onnx.TensorProto.FLOAT
     step: dict[int, tuple[str, list]] = {}
-    constant = _constant_values(model)
+    constant = G.computed_from_constants()
     for i, n in enumerate(G.nodes):
         if n.domain not in DEFAULT_DOMAINS or len(n.output) != 1:
             continue
@@ -179,19 +179,6 @@ def _fused_producer(G: _Graph, p: int, group: list[int], step: dict[int, tuple[s
                              activation=json.dumps(steps, separators=(",", ":")))
     fused.attribute.extend(a for a in node.attribute if a.name != "activation")
     return fused
-
-
-def _constant_values(model: onnx.ModelProto) -> set[str]:
-    """Values computed from constants only: initializers no feed overrides, Constants, and what
-    nodes of those alone make (graph order is topological)."""
-    g = model.graph
-    fed = {i.name for i in g.input}
-    constant = {t.name for t in g.initializer if t.name not in fed}
-    for n in g.node:
-        if all(x in constant for x in n.input if x) and not any(
-                a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute):
-            constant.update(o for o in n.output if o)
-    return constant
 
 
 def _reads(G: _Graph, members: list[int]) -> list[str]:

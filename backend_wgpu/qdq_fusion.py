@@ -139,6 +139,16 @@ class _Graph:
         n = self.nodes[i]
         return n.name or f"{n.op_type}_{i}"
 
+    def computed_from_constants(self) -> set[str]:
+        """Values the graph computes from constants alone: initializers no feed overrides,
+        Constants, and the outputs of nodes (without subgraphs) that read only those."""
+        constant = set(self._const)
+        for n in self.nodes:
+            if all(x in constant for x in n.input if x) and not any(
+                    a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute):
+                constant.update(o for o in n.output if o)
+        return constant
+
     def constant(self, name: str) -> np.ndarray | None:
         """The value of an initializer or a Constant (as onnxruntime's GetConstantInitializer)."""
         if not name:

@@ -36,6 +36,20 @@ def gpu_examples(divisor: int = 3) -> int:
     return max(4, settings.default.max_examples // divisor)
 
 
+def onnxruntime_run(model, feeds, *, level: str = "ORT_ENABLE_ALL", threads: int | None = None) -> list:
+    """onnxruntime CPU's outputs for ``model`` on ``feeds``: the oracle GPU tests compare with.
+    ``level``: a GraphOptimizationLevel name (``ORT_DISABLE_ALL`` runs the graph as written);
+    ``threads``: intra_op_num_threads (None: onnxruntime's default)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+    if threads is not None:
+        so.intra_op_num_threads = threads
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
 def value_info_of(name: str, array):
     """A ValueInfoProto typed like ``array`` (its dtype and shape)."""
     from onnx import helper

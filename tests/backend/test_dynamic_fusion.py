@@ -28,6 +28,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_quant import model_zoo
 from onnx_quant.backend_wgpu.dynamic_fusion import INTERNAL_DOMAIN, fuse_dynamic
 from tests.conftest import run_every_variant
+from conftest import onnxruntime_run
 
 MS = "com.microsoft"
 ULPS = 4
@@ -99,13 +100,6 @@ def _feeds(model: onnx.ModelProto, seed=1) -> dict:
             out[vi.name] = rng.integers(-127, 128, shape).astype(np.int8)
     return out
 
-
-def _ort(model: onnx.ModelProto, feeds: dict, level: str) -> list:
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
 def _ops(model: onnx.ModelProto) -> list[tuple[str, str]]:
@@ -215,9 +209,9 @@ def _check_against_ort(device, model, op_type):
     outs, ids = run_every_variant(device, model, feeds, op_type)
     with Session(model, device=device, fuse_dynamic=False, allow_host_fallback=False) as s:
         unfused = s.run(None, feeds)
-    for got, want in zip(outs, _ort(model, feeds, "ORT_DISABLE_ALL")):
+    for got, want in zip(outs, onnxruntime_run(model, feeds, level="ORT_DISABLE_ALL")):
         assert got.shape == want.shape and np.array_equal(got, want), ids
-    for got, want in zip(outs, _ort(model, feeds, "ORT_ENABLE_ALL")):
+    for got, want in zip(outs, onnxruntime_run(model, feeds, level="ORT_ENABLE_ALL")):
         assert float(np.abs(got.astype(np.float64) - want).max()) <= _tol(want), ids
     for got, want in zip(outs, unfused):  # the project's unfused kernels: the same bits
         assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
@@ -270,7 +264,7 @@ def test_contrib_dynamic_quantize_matmul_node(best):
     feeds = _feeds(model)
     with Session(model, device=best, allow_host_fallback=False) as s:
         got = s.run(None, feeds)[0]
-    want = _ort(model, feeds, "ORT_DISABLE_ALL")[0]
+    want = onnxruntime_run(model, feeds, level="ORT_DISABLE_ALL")[0]
     assert float(np.abs(got - want).max()) <= _tol(want)
 
 
@@ -313,7 +307,7 @@ def test_zoo_dynamic_models_dispatches_and_values(best, family, tmp_path):
         unfused = s.run(None, feeds)[0]
         assert s.last_run_stats["dispatches"] > dispatches and not s.dynamic_fusion.units
     for level in ("ORT_DISABLE_ALL", "ORT_ENABLE_ALL"):
-        want = _ort(model, feeds, level)[0]
+        want = onnxruntime_run(model, feeds, level=level)[0]
         assert float(np.abs(got - want).max()) <= _tol(want) + (5e-7 if family == "transformer" else 0)
     assert float(np.abs(got - unfused).max()) <= _tol(unfused)
 
@@ -366,7 +360,7 @@ def test_declined_fused_node_runs_as_the_unit_on_the_host(best):
             got = s.run(None, feeds)[0]
             (entry,) = s.explain({"x": (2, 3, 16)})
     assert entry["device"] == "host" and entry["fused"]["rule"] == "dynamic_matmul"
-    assert np.array_equal(got, _ort(model, feeds, "ORT_DISABLE_ALL")[0])
+    assert np.array_equal(got, onnxruntime_run(model, feeds, level="ORT_DISABLE_ALL")[0])
 
 
 @pytest.mark.parametrize("level, fused", [("ORT_DISABLE_ALL", False), ("ORT_ENABLE_BASIC", False),
@@ -385,4 +379,4 @@ def test_inference_session_fuses_from_extended_on(best, level, fused):
         sess = onnx_quant.InferenceSession(model.SerializeToString(), so, providers=["vulkan"])
     assert bool(sess.session.dynamic_fusion.units) == fused
     feeds = _feeds(model)
-    assert np.array_equal(sess.run(None, feeds)[0], _ort(model, feeds, "ORT_DISABLE_ALL")[0])
+    assert np.array_equal(sess.run(None, feeds)[0], onnxruntime_run(model, feeds, level="ORT_DISABLE_ALL")[0])

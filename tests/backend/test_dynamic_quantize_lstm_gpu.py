@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto as TP, helper, numpy_helper
 
 from onnx_quant.backend_wgpu.session import Session
+from conftest import onnxruntime_run
 
 ATOL = 1e-5
 MS = "com.microsoft"
@@ -111,10 +111,7 @@ def quantized(model, tmp_path, per_channel):
 
 
 def onnxruntime_one_thread(model, feeds):
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    return onnxruntime_run(model, feeds, threads=1)
 
 
 def assert_matches_onnxruntime(model, feeds, device, label):

@@ -22,6 +22,7 @@ from onnx import TensorProto as TP, helper
 from onnx_quant.backend_wgpu.elementwise_fusion import DOMAIN, MAX_INPUTS, MAX_STEPS, OP_TYPE, fuse_elementwise
 from onnx_quant.backend_wgpu.model_check import static_values
 from onnx_quant.backend_wgpu.session import _specs
+from conftest import onnxruntime_run
 
 
 def make_model(nodes, inputs, output="y", elem=TP.FLOAT, outputs=None) -> onnx.ModelProto:
@@ -126,11 +127,6 @@ def run_both(device, model, feeds):
     return out[True], out[False]
 
 
-def onnxruntime(model, feeds):
-    import onnxruntime as ort
-
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-
 
 def assert_agree(got, unfused, want):
     scale = float(np.abs(want).max(initial=0.0))
@@ -144,7 +140,7 @@ def test_a_fused_chain_runs_in_one_dispatch(best):
              "b": np.linspace(-1, 1, 8, dtype=np.float32)}
     (got, n_fused), (unfused, n_unfused) = run_both(best, model, feeds)
     assert (n_fused, n_unfused) == (1, 5)
-    assert_agree(got, unfused, onnxruntime(model, feeds))
+    assert_agree(got, unfused, onnxruntime_run(model, feeds)[0])
 
 
 def test_a_declined_group_runs_as_written_on_the_host(best):
@@ -156,7 +152,7 @@ def test_a_declined_group_runs_as_written_on_the_host(best):
         (info,) = [i for i in s._nodes if i.node.op_type == OP_TYPE]
         ev, inputs = s._evaluator(info)
         got = ev.run(None, {n: feeds[n] for n in inputs})[0]
-    np.testing.assert_allclose(got, onnxruntime(model, feeds), rtol=1e-6)
+    np.testing.assert_allclose(got, onnxruntime_run(model, feeds)[0], rtol=1e-6)
 
 
 UNARY = ["Relu", "Sigmoid", "Tanh", "Neg", "Abs", "Exp", "Softsign", "HardSwish"]
@@ -195,7 +191,7 @@ def test_random_chains_agree_with_the_unfused_session_and_onnxruntime(best, mode
         feeds[vi.name] = (rng.uniform(0.5, 2, shape) * rng.choice([-1, 1], shape)).astype(np.float32)
     (got, n_fused), (unfused, n_unfused) = run_both(best, model, feeds)
     assert n_fused == 1 and n_unfused == len(model.graph.node)
-    assert_agree(got, unfused, onnxruntime(model, feeds))
+    assert_agree(got, unfused, onnxruntime_run(model, feeds)[0])
 
 
 def test_onnxruntime_optimization_levels_map_to_elementwise_fusion():
@@ -281,4 +277,4 @@ def test_epilogues_agree_with_the_unfused_session_and_onnxruntime(best, op, tail
     feeds = {"x": np.random.default_rng(7).standard_normal(shape).astype(np.float32)}
     (got, n_fused), (unfused, n_unfused) = run_both(best, model, feeds)
     assert n_fused == 1 and n_unfused == len(model.graph.node)
-    assert_agree(got, unfused, onnxruntime(model, feeds))
+    assert_agree(got, unfused, onnxruntime_run(model, feeds)[0])

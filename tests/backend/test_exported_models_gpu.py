@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from onnx_quant import exported_models as em
+from conftest import onnxruntime_run
 
 FLOAT_RTOL = 1e-4
 STATIC_RTOL = 2e-2
@@ -43,18 +44,12 @@ def _model(case):
 
 
 def _onnxruntime(model, feeds, optimized):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    if not optimized:
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    if any(n.op_type == "DynamicQuantizeLSTM" for n in model.graph.node):
-        # with more threads onnxruntime quantizes each step's LSTM state per slice of the batch
-        # (crnn-dynamic, batch 2: 1.2e-3 apart from its own one-thread run); the kernel
-        # quantizes the whole batch, as one thread does (measured: 4.8e-7 from it)
-        so.intra_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    # with more threads onnxruntime quantizes each step's LSTM state per slice of the batch
+    # (crnn-dynamic, batch 2: 1.2e-3 apart from its own one-thread run); the kernel quantizes the
+    # whole batch, as one thread does (measured: 4.8e-7 from it)
+    one_thread = any(n.op_type == "DynamicQuantizeLSTM" for n in model.graph.node)
+    return onnxruntime_run(model, feeds, level="ORT_ENABLE_ALL" if optimized else "ORT_DISABLE_ALL",
+                           threads=1 if one_thread else None)
 
 
 @pytest.mark.parametrize("case", CASES)

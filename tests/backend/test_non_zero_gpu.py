@@ -15,6 +15,7 @@ from hypothesis import given, settings, strategies as st
 from onnx import TensorProto, helper
 
 from conftest import assert_node_cases_pass_or_declined, gpu_examples
+from conftest import onnxruntime_run
 
 #: element types of NonZero-13's T with a device layout, and the values their data is drawn from
 #: (zeros of both signs, NaN: numpy.nonzero counts NaN, not -0.0)
@@ -97,11 +98,6 @@ def _yolo_like(opset: int = 17) -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
 
 
-def _onnxruntime(model, feeds):
-    import onnxruntime as ort
-
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-
 
 def _conf(rng, b: int, kept: int) -> np.ndarray:
     """Confidences of which exactly ``kept`` are above 0.5."""
@@ -121,7 +117,7 @@ def test_nonzero_feeding_transpose_gather_nd_runs_on_the_gpu(best):
             for b, kept in ((4, 5), (4, 0), (3, 18), (4, 5)):
                 conf = _conf(rng, b, kept)
                 got = s.run(None, {"conf": conf})
-                for g, w in zip(got, _onnxruntime(model, {"conf": conf})):
+                for g, w in zip(got, onnxruntime_run(model, {"conf": conf})):
                     assert g.dtype == w.dtype and g.shape == w.shape and np.array_equal(g, w)
                 assert got[1].tolist() == [kept, 2]
             assert s.host_nodes == []
@@ -143,7 +139,7 @@ def test_same_session_different_counts_plans_per_count(best):
         for kept in (7, 2, 7):
             conf = _conf(rng, 4, kept)
             got = s.run(None, {"conf": conf})
-            for g, w in zip(got, _onnxruntime(model, {"conf": conf})):
+            for g, w in zip(got, onnxruntime_run(model, {"conf": conf})):
                 assert np.array_equal(g, w)
             stats.append(dict(s.last_run_stats))
     assert stats[1]["pipelines_compiled"] > 0 or stats[1]["buffers_allocated"] > 0
@@ -184,7 +180,7 @@ def test_rank_zero_input_is_declined(best):
                 allow_host_fallback=False)
 
 
-def test_nested_and_parallel_nonzeros_match_onnxruntime(best):
+def test_nested_and_parallel_nonzeros_matchonnxruntime_run(best):
     """Two NonZeros of the head (one region reads both), a NonZero inside the region (the body
     session's own sync), a region reading a GPU-made value of the head (Relu) and a NonZero output
     that is also a graph output: every node on the GPU, every output as onnxruntime's."""
@@ -209,7 +205,7 @@ def test_nested_and_parallel_nonzeros_match_onnxruntime(best):
         for k, scale in enumerate((0.5, 0.8, 1.1, 0.2, 0.5)):
             x = (rng.random((3, 5)) * scale).astype(np.float32)
             got = s.run(None, {"x": x})
-            for g_, w in zip(got, _onnxruntime(model, {"x": x})):
+            for g_, w in zip(got, onnxruntime_run(model, {"x": x})):
                 assert g_.dtype == w.dtype and g_.shape == w.shape and np.array_equal(g_, w)
             if k == 4:  # a count seen before: x is the only upload (the region reads the head's values on the device)
                 assert s.last_run_stats["bytes_uploaded"] == x.nbytes
@@ -230,7 +226,7 @@ def test_a_declined_padded_form_runs_on_the_host_and_feeds_the_region(best):
         with Session(model, device=best, tunables={"NonZero": {"WORKGROUP_SIZE": 1 << 20}}) as s:
             got = s.run(None, {"conf": conf})
             assert [h.split(" ")[0] for h in s.host_nodes] == ["NonZero_1"]
-    for g, w in zip(got, _onnxruntime(model, {"conf": conf})):
+    for g, w in zip(got, onnxruntime_run(model, {"conf": conf})):
         assert g.dtype == w.dtype and g.shape == w.shape and np.array_equal(g, w)
     with pytest.raises(ExecutionError, match="NonZero"):
         with Session(model, device=best, allow_host_fallback=False,
@@ -249,7 +245,7 @@ def test_overrides_naming_region_nodes_reach_the_body_session(best):
     with Session(model, device=best, allow_host_fallback=False,
                  tunables={"Transpose": {"WORKGROUP_SIZE": 64}}, variants={"Transpose": "word_per_invocation"}) as s:
         got = s.run(None, {"conf": conf})
-    for g, w in zip(got, _onnxruntime(model, {"conf": conf})):
+    for g, w in zip(got, onnxruntime_run(model, {"conf": conf})):
         assert np.array_equal(g, w)
     with Session(model, device=best, tunables={"Transpose": {"NO_SUCH_TUNABLE": 1}}) as s:
         with pytest.raises(ExecutionError, match="NO_SUCH_TUNABLE"):

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
+from conftest import onnxruntime_run
 
 F32 = np.float32
 BATCHES = (1, 3)
@@ -98,18 +99,6 @@ def _qlinear_conv_model():
                   inits, opset=10)
 
 
-@pytest.mark.parametrize("variant", QL_VARIANTS)
-def test_qlinear_conv_compiles_once_for_two_batch_sizes(dev, variant):
-    model = _qlinear_conv_model()
-    feeds = _batches(lambda rng, n: {"x": rng.integers(0, 256, [n, 4, 6, 5]).astype(np.uint8)})
-    outs, compiled = _run_twice(dev, model, feeds, "QLinearConv", variant)
-    assert not compiled[1] and compiled[0]  # one-node model: nothing at all compiles again
-    ref = ReferenceEvaluator(model)
-    for got, f in zip(outs, feeds):
-        assert np.array_equal(got[0], ref.run(None, f)[0])
-    _assert_same_first_image(outs)
-
-
 def _conv_integer_model():
     rng = np.random.default_rng(2)
     inits = [numpy_helper.from_array(rng.integers(0, 256, [5, 3, 3, 2]).astype(np.uint8), "w"),
@@ -121,12 +110,17 @@ def _conv_integer_model():
                   inits, opset=10)
 
 
-@pytest.mark.parametrize("variant", CI_VARIANTS)
-def test_conv_integer_compiles_once_for_two_batch_sizes(dev, variant):
-    model = _conv_integer_model()
-    feeds = _batches(lambda rng, n: {"x": rng.integers(0, 256, [n, 3, 7, 6]).astype(np.uint8)})
-    outs, compiled = _run_twice(dev, model, feeds, "ConvInteger", variant)
-    assert not compiled[1] and compiled[0]
+#: (op, variant, model builder, an input image's shape) of the integer convolutions
+INTEGER_CONVS = ([("QLinearConv", v, _qlinear_conv_model, [4, 6, 5]) for v in QL_VARIANTS]
+                 + [("ConvInteger", v, _conv_integer_model, [3, 7, 6]) for v in CI_VARIANTS])
+
+
+@pytest.mark.parametrize("op, variant, build, image", INTEGER_CONVS)
+def test_integer_convs_compile_once_for_two_batch_sizes(dev, op, variant, build, image):
+    model = build()
+    feeds = _batches(lambda rng, n: {"x": rng.integers(0, 256, [n, *image]).astype(np.uint8)})
+    outs, compiled = _run_twice(dev, model, feeds, op, variant)
+    assert not compiled[1] and compiled[0]  # one-node model: nothing at all compiles again
     ref = ReferenceEvaluator(model)
     for got, f in zip(outs, feeds):
         want = ref.run(None, f)[0]
@@ -161,13 +155,6 @@ def _dynamic_conv_unit(shared):
     return _model(nodes, [_vi("x", TensorProto.FLOAT, ["N", 3, 7, 6])], outputs, inits, opset=21)
 
 
-def _ort_unoptimized(model, feeds):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
-
 
 @pytest.mark.parametrize("kernel, variant, shared", [
     ("DynamicQuantizeConv", "fused", False),
@@ -180,7 +167,7 @@ def test_dynamic_conv_units_compile_once_for_two_batch_sizes(dev, kernel, varian
     outs, compiled = _run_twice(dev, model, feeds, kernel, variant)
     _assert_compiled_once(compiled, kernel)
     for got, f in zip(outs, feeds):
-        for g, want in zip(got, _ort_unoptimized(model, f)):
+        for g, want in zip(got, onnxruntime_run(model, f, level="ORT_DISABLE_ALL")):
             assert g.shape == want.shape and np.array_equal(g.view(np.uint8), want.view(np.uint8))
     # the dynamic scale is of the whole batch: the first image's values differ, not its shape
     assert outs[0][0].shape[1:] == outs[1][0].shape[1:]

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
+from conftest import onnxruntime_run
 
 MS = "com.microsoft"
 
@@ -106,10 +107,6 @@ def _qgemm(rng, trans_a, c_rows):
     return _model([node], inputs, [_vi("Y", TensorProto.UINT8, None)], inits, domains=(MS,))
 
 
-def _ort(model, feeds):
-    ort = pytest.importorskip("onnxruntime")
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-
 
 def _reference(model, feeds):
     with warnings.catch_warnings():
@@ -118,10 +115,7 @@ def _reference(model, feeds):
 
 
 def _ort_unfused(model, feeds):
-    ort = pytest.importorskip("onnxruntime")
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    return onnxruntime_run(model, feeds, level="ORT_DISABLE_ALL")
 
 
 def _check_two_shapes(dev, model, op_type, variant, feeds_list, oracle, tunables=None, exact=True):
@@ -209,7 +203,7 @@ def test_qgemm_two_batch_sizes(dev, variant, trans_a, c_rows):
         if c_rows:
             f["C"] = rng.integers(-4000, 4000, (m, 12)).astype(np.int32)
         feeds_list.append(f)
-    _check_two_shapes(dev, model, "QGemm", variant, feeds_list, _ort, tunables={"QGemm": {"BLOCKED_MIN_MACS": 0}})
+    _check_two_shapes(dev, model, "QGemm", variant, feeds_list, onnxruntime_run, tunables={"QGemm": {"BLOCKED_MIN_MACS": 0}})
 
 
 FLOAT_MATMUL_CASES = [

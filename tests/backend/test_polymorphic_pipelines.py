@@ -16,6 +16,7 @@ from onnx.reference import ReferenceEvaluator
 
 from onnx_quant.backend_wgpu.uniforms import UniformMisuse, UniformScalar
 from onnx_quant.errors import DeviceError
+from conftest import onnxruntime_run
 
 F32 = np.float32
 
@@ -105,7 +106,6 @@ def test_quantized_binary_broadcast_at_two_shapes(dev):
     """QLinearAdd (its operand order derived by the spec) at three batch sizes: bit for bit
     onnxruntime's; the second and third share the pipelines (at batch 1 the [1, 6] operand is the
     output's shape: the identity index, a pipeline of its own)."""
-    ort = pytest.importorskip("onnxruntime")
     from onnx_quant.backend_wgpu.session import Session
 
     rng = np.random.default_rng(3)
@@ -118,12 +118,11 @@ def test_quantized_binary_broadcast_at_two_shapes(dev):
     model = _model([node], [_vi("a", TensorProto.UINT8, ["N", 6])], [_vi("c", TensorProto.UINT8, None)], inits,
                    domains=("com.microsoft",))
     sess = Session(model, device=dev, allow_host_fallback=False)
-    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     dev.pipelines.forget()
     for n, compiled in ((1, None), (2, None), (7, 0)):
         feeds = {"a": rng.integers(0, 256, (n, 6), dtype=np.uint8)}
         got = sess.run(None, feeds)[0]
-        assert np.array_equal(got, ref.run(None, feeds)[0])
+        assert np.array_equal(got, onnxruntime_run(model, feeds)[0])
         if compiled is not None:
             assert sess.last_run_stats["pipelines_compiled"] == compiled
 

@@ -21,6 +21,7 @@ import pytest
 from onnx import TensorProto as TP, helper, numpy_helper
 
 from onnx_quant.backend_wgpu.qdq_fusion import fuse_qdq
+from conftest import onnxruntime_run
 
 U8, I8, I32, F = TP.UINT8, TP.INT8, TP.INT32, TP.FLOAT
 NP = {U8: np.uint8, I8: np.int8, I32: np.int32, TP.UINT16: np.uint16, TP.INT16: np.int16}
@@ -83,14 +84,8 @@ def feeds_of(model: onnx.ModelProto, seed: int = 1) -> dict[str, np.ndarray]:
             for i in model.graph.input}
 
 
-def ort_run(model: onnx.ModelProto, feeds, optimize: bool):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
-                                   else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+def ort_run(model, feeds, optimize: bool):
+    return onnxruntime_run(model, feeds, level="ORT_ENABLE_ALL" if optimize else "ORT_DISABLE_ALL")
 
 
 def ort_fused_ops(model: onnx.ModelProto) -> collections.Counter:

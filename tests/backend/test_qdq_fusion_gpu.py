@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from onnx_quant import exported_models, model_zoo
+from conftest import onnxruntime_run
 
 ZOO = {
     "cnn": (dict(blocks=1, channels=4), {"N": 2, "H": 8, "W": 8}),
@@ -48,13 +49,7 @@ def case_model(case: str):
 
 
 def ort_run(model, feeds, optimize: bool):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
-                                   else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    return onnxruntime_run(model, feeds, level="ORT_ENABLE_ALL" if optimize else "ORT_DISABLE_ALL")
 
 
 def gpu_run(model, feeds, device, fuse: bool):

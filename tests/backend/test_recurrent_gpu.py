@@ -5,7 +5,6 @@ and onnx.reference (layout 1, which onnxruntime does not run)."""
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto as TP, helper
 from onnx.reference import ReferenceEvaluator
@@ -14,6 +13,7 @@ from onnx_quant.backend_wgpu.conformance import run_case
 from onnx_quant.backend_wgpu.session import Session
 from onnx_quant.errors import ExecutionError
 from onnx_quant.node_cases import all_node_cases
+from conftest import onnxruntime_run
 
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 #: float32 recurrences summed in another order than the oracle's: both are within this of float64
@@ -81,9 +81,7 @@ def run_gpu(model, feeds, device):
 def run_oracle(model, feeds, layout):
     if layout:
         return ReferenceEvaluator(model).run(None, feeds)
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    return onnxruntime_run(model, feeds, level="ORT_DISABLE_ALL")
 
 
 FORMS = [
