@@ -1,8 +1,12 @@
-"""Pipelines compiled by a second input shape, per zoo model (issue #11, shape-polymorphic
+"""Pipelines compiled by a second input shape, per zoo model or exported model (issue #11, shape-polymorphic
 pipelines): runs each quantized zoo model at its benchmark dims, then at a second batch size /
 sequence length, and reports how many pipelines the second run compiled and for which kernels.
 
     python benchmarks/second_shape_compiles.py [--families cnn mlp transformer] [--formats ...] [--batch-only]
+    python benchmarks/second_shape_compiles.py --exported [MODEL ...] [-v]
+
+``--exported``: the real-architecture models of onnx_quant.exported_models in every form, at a second
+batch size and at a new image size / sequence length / audio length (``SHAPE_CHANGES``).
 """
 
 from __future__ import annotations
@@ -24,26 +28,57 @@ SECOND_DIMS = {**bench_models.SECOND_DIMS, "transformer": {"B": 2, "S": 24}}
 FORMATS = ("qoperator", "qdq", "dynamic")
 
 
-def second_shape_compiles(family: str, fmt: str, device=None, *, batch_only: bool = False) -> tuple[int, list[str]]:
-    """(pipelines compiled by the second shape's first run, 'kernel/variant/pass' of each); with
-    ``batch_only`` the second shape changes the batch size alone (bench_models.SECOND_DIMS)."""
-    from onnx_quant import model_zoo  # noqa: PLC0415
+def compiles_at(model, first_feeds, second_feeds, device=None) -> tuple[int, list[str]]:
+    """(pipelines compiled by a run at ``second_feeds`` after one at ``first_feeds``, from a cold
+    pipeline cache, 'kernel/variant/pass' of each)."""
     from onnx_quant.backend_wgpu.session import Session  # noqa: PLC0415
 
-    logging.getLogger().setLevel(logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = model_zoo.quantized(family, fmt, per_channel=True)
     sess = Session(model, device=device, allow_host_fallback=True)
     cache = sess.device.pipelines
     cache.forget()  # each model from a cold cache: another model's pipelines would hide its own
-    sess.run(None, model_zoo.random_feeds(model, bench_models.RUN_DIMS[family], seed=1))
+    sess.run(None, first_feeds)
     before = set(cache._pipelines)
-    second = (bench_models.SECOND_DIMS if batch_only else SECOND_DIMS)[family]
-    sess.run(None, model_zoo.random_feeds(model, second, seed=2))
+    sess.run(None, second_feeds)
     compiled = sess.last_run_stats["pipelines_compiled"]
     new = [cache._pipelines[k].label.split("/", 1)[-1] for k in set(cache._pipelines) - before]
+    sess.close()
     return compiled, sorted(new)
+
+
+def _quietly(build):
+    logging.getLogger().setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return build()
+
+
+def second_shape_compiles(family: str, fmt: str, device=None, *, batch_only: bool = False) -> tuple[int, list[str]]:
+    """Zoo model ``family`` in ``fmt``: :func:`compiles_at` its benchmark dims then a second batch size
+    and sequence length (with ``batch_only``, the batch size alone: bench_models.SECOND_DIMS)."""
+    from onnx_quant import model_zoo  # noqa: PLC0415
+
+    model = _quietly(lambda: model_zoo.quantized(family, fmt, per_channel=True))
+    second = (bench_models.SECOND_DIMS if batch_only else SECOND_DIMS)[family]
+    return compiles_at(model, model_zoo.random_feeds(model, bench_models.RUN_DIMS[family], seed=1),
+                       model_zoo.random_feeds(model, second, seed=2), device)
+
+
+def exported_shape_compiles(name: str, form: str, change: str, device=None) -> tuple[int, list[str]]:
+    """Exported model ``name`` in ``form``: :func:`compiles_at` its run shapes then the shapes of
+    ``exported_models.SHAPE_CHANGES[name][change]`` (``batch`` or ``size``)."""
+    from onnx_quant import exported_models as em  # noqa: PLC0415
+
+    model = _quietly(lambda: em.build(name, form))
+    return compiles_at(model, em.feeds(model, em.MODELS[name][1], seed=1),
+                       em.feeds(model, em.SHAPE_CHANGES[name][change], seed=2), device)
+
+
+def _report(label: str, n: int, labels: list[str], verbose: bool) -> None:
+    kinds = collections.Counter(lab.split("/")[0] for lab in labels)
+    print(f"{label:34s} {n:3d}  {dict(sorted(kinds.items()))}", flush=True)
+    if verbose:
+        for lab in labels:
+            print("    ", lab)
 
 
 def main() -> None:
@@ -51,16 +86,24 @@ def main() -> None:
     ap.add_argument("--families", nargs="+", default=list(SECOND_DIMS))
     ap.add_argument("--formats", nargs="+", default=list(FORMATS))
     ap.add_argument("--batch-only", action="store_true", help="change the batch size alone")
+    ap.add_argument("--exported", nargs="*", metavar="MODEL",
+                    help="the exported models (all, or those named) instead of the zoo, at a second batch "
+                         "size and at a new size (exported_models.SHAPE_CHANGES), in every form")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
+    if args.exported is not None:
+        from onnx_quant import exported_models as em  # noqa: PLC0415
+
+        for name in args.exported or list(em.MODELS):
+            for form in em.FORMS:
+                for change in ("batch", "size"):
+                    n, labels = exported_shape_compiles(name, form, change)
+                    _report(f"{name} {form} new {change}", n, labels, args.verbose)
+        return
     for fam in args.families:
         for fmt in args.formats:
             n, labels = second_shape_compiles(fam, fmt, batch_only=args.batch_only)
-            kinds = collections.Counter(lab.split("/")[0] for lab in labels)
-            print(f"{fam:12s} {fmt:10s} {n:3d}  {dict(sorted(kinds.items()))}", flush=True)
-            if args.verbose:
-                for lab in labels:
-                    print("    ", lab)
+            _report(f"{fam} {fmt}", n, labels, args.verbose)
 
 
 if __name__ == "__main__":

@@ -360,6 +360,17 @@ MODELS: dict[str, tuple[Callable[[], onnx.ModelProto], dict[str, tuple[int, ...]
 }
 #: the float model and the quantized forms of :func:`quantize`
 FORMS = ("float",) + model_zoo.FORMATS
+#: name -> other input shapes a deployed model meets after the first (:data:`MODELS`): ``batch``
+#: changes the batch size alone; ``size`` the image size (a multiple of the model's strides), the
+#: sequence length or the audio length, at the first batch size
+SHAPE_CHANGES: dict[str, dict[str, dict[str, tuple[int, ...]]]] = {
+    "yolo_head": {"batch": {"images": (2, 3, 24, 40)}, "size": {"images": (1, 3, 32, 48)}},
+    "mobilenet_v3": {"batch": {"x": (3, 3, 12, 20)}, "size": {"x": (2, 3, 16, 24)}},
+    "dbnet": {"batch": {"x": (2, 3, 32, 48)}, "size": {"x": (1, 3, 48, 64)}},
+    "transformer": {"batch": {"input_ids": (3, 7)}, "size": {"input_ids": (2, 11)}},
+    "crnn": {"batch": {"image": (3, 1, 16, 24)}, "size": {"image": (2, 1, 16, 32)}},
+    "vad_state": {"batch": {"audio": (3, 64), "state": (2, 3, 8)}, "size": {"audio": (2, 96), "state": (2, 2, 8)}},
+}
 
 
 def feeds(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], *, seed: int = 0) -> dict[str, np.ndarray]:
