@@ -2,7 +2,7 @@
 onnxruntime CPU, in the same process on the same inputs; per-node overhead on a chain of
 small nodes; where a GPU run's time goes (host work, uploads, the submit, waiting + read-back).
 
-    python benchmarks/bench_models.py [--repeat 10] [--chain 1000] [--adapter vulkan]
+    python benchmarks/bench_models.py [--repeat 10] [--chain 1000] [--adapter vulkan] [--exported [MODELS]]
                                       [--families cnn,mlp,transformer] [--formats qoperator,qdq,dynamic]
                                       [--baseline REV] [--json | --markdown]
 
@@ -13,7 +13,11 @@ over this tree's).
 
 Models: the model zoo's float CNN, MLP and transformer block (``onnx_quant.model_zoo``, the
 builders' default sizes), quantized by onnxruntime.quantization in QOperator, QDQ and dynamic
-format with per-channel weights. Times are medians of ``--repeat`` runs after one warm-up run
+format with per-channel weights. ``--exported`` adds the real-architecture models of
+``onnx_quant.exported_models`` (YOLO head, MobileNetV3, DBNet, torch transformer, CRNN, the If/Loop
+voice-activity model) in float and the three quantized forms. The compile columns run each model once
+more at a second batch size and at a new image size / sequence length (``RESIZED_DIMS``,
+``exported_models.SHAPE_CHANGES``) and count the pipelines that run needs which the first did not. Times are medians of ``--repeat`` runs after one warm-up run
 (plans, compiles, allocates); a GPU run is end to end (host arrays in, host arrays out).
 ``ratio`` is GPU time / onnxruntime time (above 1 = the GPU is slower).
 
@@ -55,6 +59,8 @@ from onnx_quant import model_zoo
 RUN_DIMS = {"cnn": {"N": 1, "H": 32, "W": 32}, "mlp": {"N": 8}, "transformer": {"B": 1, "S": 16}}
 #: a second batch size per family: the pipelines a run at it compiles after the first shape's runs
 SECOND_DIMS = {"cnn": {"N": 2, "H": 32, "W": 32}, "mlp": {"N": 16}, "transformer": {"B": 2, "S": 16}}
+#: a new image size / sequence length at the first batch size (the MLP has none)
+RESIZED_DIMS = {"cnn": {"N": 1, "H": 40, "W": 40}, "transformer": {"B": 1, "S": 24}}
 
 
 def _say(msg: str) -> None:
@@ -161,8 +167,9 @@ def chain_model(nodes: int = 1000, width: int = 16):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
 
 
-def quantized_models(families, formats) -> list[tuple[str, Any, dict[str, np.ndarray], dict[str, np.ndarray]]]:
-    """(name, model, feeds, feeds at the family's second batch size) per family and format."""
+def quantized_models(families, formats) -> list[tuple[str, Any, dict[str, np.ndarray], dict[str, dict]]]:
+    """(name, model, feeds, {"batch": feeds at a second batch size, "size": at a new size}) per
+    family and format."""
     logging.getLogger().setLevel(logging.ERROR)
     out = []
     for fam in families:
@@ -171,7 +178,29 @@ def quantized_models(families, formats) -> list[tuple[str, Any, dict[str, np.nda
                 warnings.simplefilter("ignore")
                 model = model_zoo.quantized(fam, fmt, per_channel=True)
             feeds = model_zoo.random_feeds(model, RUN_DIMS[fam], seed=1)
-            out.append((f"{fam} {fmt}", model, feeds, model_zoo.random_feeds(model, SECOND_DIMS[fam], seed=2)))
+            changes = {"batch": model_zoo.random_feeds(model, SECOND_DIMS[fam], seed=2)}
+            if fam in RESIZED_DIMS:
+                changes["size"] = model_zoo.random_feeds(model, RESIZED_DIMS[fam], seed=3)
+            out.append((f"{fam} {fmt}", model, feeds, changes))
+    return out
+
+
+def exported_models(names, *, shape_changes: bool = True) -> list[tuple[str, Any, dict[str, np.ndarray], dict[str, dict]]]:
+    """The real-architecture models of ``onnx_quant.exported_models`` (float and every quantized form)
+    as :func:`quantized_models` gives the zoo's; without ``shape_changes`` (a baseline revision that
+    predates ``SHAPE_CHANGES``), no second shapes."""
+    from onnx_quant import exported_models as em  # noqa: PLC0415
+
+    logging.getLogger().setLevel(logging.ERROR)
+    out = []
+    for name in names:
+        for form in em.FORMS:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model = em.build(name, form)
+            changes = ({change: em.feeds(model, shapes, seed=2) for change, shapes in em.SHAPE_CHANGES[name].items()}
+                       if shape_changes else {})
+            out.append((f"{name} {form}", model, em.feeds(model, em.MODELS[name][1], seed=1), changes))
     return out
 
 
@@ -275,7 +304,7 @@ def _pipeline_requests(device):
 
 
 def bench_one(name: str, model, feeds, *, device, repeat: int, timer: PhaseTimer,
-              second_feeds: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+              shape_changes: dict[str, dict[str, np.ndarray]] | None = None) -> dict[str, Any]:
     from onnx_quant.backend_wgpu.conformance import (  # noqa: PLC0415
         host_node_count, host_nodes, make_session, session_accepts)
 
@@ -327,14 +356,14 @@ def bench_one(name: str, model, feeds, *, device, repeat: int, timer: PhaseTimer
             row["mean_ms"] = statistics.fmean(times) * 1e3
             row["split_ms"] = split
             row["host_nodes"] = host_nodes(session)
-            if second_feeds is not None:
-                # a new batch size after the first: what it compiles (issue #11 asks for none)
-                with _pipeline_requests(device) as second_keys:
-                    session.run(None, second_feeds)
-                row["second_shape"] = {k: list(v.shape) for k, v in second_feeds.items()}
-                # counted against this model's own first shape, not the device's cache (which
-                # the models before this one filled)
-                row["compilations_second_shape"] = len(second_keys - first_keys)
+            for change, changed_feeds in (shape_changes or {}).items():
+                # a new batch size (or image size / sequence length) after the first: what it
+                # compiles (issue #11 asks for none), counted against this model's own first shape,
+                # not the device's cache (which the models before this one filled)
+                with _pipeline_requests(device) as keys:
+                    session.run(None, changed_feeds)
+                row[f"shape_{change}"] = {k: list(v.shape) for k, v in changed_feeds.items()}
+                row[f"compilations_new_{change}"] = len(keys - first_keys)
             count = host_node_count(session)
             if count is not None:
                 row["host_node_runs"] = count
@@ -354,20 +383,24 @@ def bench_one(name: str, model, feeds, *, device, repeat: int, timer: PhaseTimer
 
 
 def run(*, families=("cnn", "mlp", "transformer"), formats=model_zoo.FORMATS, chain: int = 1000,
-        repeat: int = 10, adapter=None, log: Callable[[str], None] = _say) -> dict[str, Any]:
+        repeat: int = 10, adapter=None, exported=(), shape_changes: bool = True,
+        log: Callable[[str], None] = _say) -> dict[str, Any]:
     from onnx_quant.backend_wgpu.device import get_device  # noqa: PLC0415
 
     device = get_device(adapter)
     rows = []
     with PhaseTimer() as timer:
         items = quantized_models(families, formats)
+        if not shape_changes:
+            items = [(name, model, feeds, {}) for name, model, feeds, _ in items]
+        items += exported_models(exported, shape_changes=shape_changes)
         if chain:
             width = 16
             items.append((f"chain of {chain} Add/Relu [{width}]", chain_model(chain, width),
-                          {"x": np.random.default_rng(0).standard_normal(width).astype(np.float32)}, None))
-        for i, (name, model, feeds, second) in enumerate(items, 1):
+                          {"x": np.random.default_rng(0).standard_normal(width).astype(np.float32)}, {}))
+        for i, (name, model, feeds, changes) in enumerate(items, 1):
             log(f"[{i}/{len(items)}] {name} ({len(model.graph.node)} nodes) ...")
-            row = bench_one(name, model, feeds, device=device, repeat=repeat, timer=timer, second_feeds=second)
+            row = bench_one(name, model, feeds, device=device, repeat=repeat, timer=timer, shape_changes=changes)
             rows.append(row)
             if "gpu_ms" in row:
                 log(f"    gpu {row['gpu_ms']:.2f} ms, onnxruntime {row.get('ort_ms', float('nan')):.3f} ms, "
@@ -420,13 +453,14 @@ def format_markdown(result: dict[str, Any]) -> str:
              "| model | nodes | ort nodes (optimized) | dispatches per run | host µs per dispatch | GPU ms "
              "| onnxruntime ms | GPU / ort "
              "| submits per run | host % | upload % | submit % "
-             "| wait + read-back % | nodes on the host | max \\|diff\\| vs ort | compiles at a 2nd batch size |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+             "| wait + read-back % | nodes on the host | max \\|diff\\| vs ort | compiles at a 2nd batch size "
+             "| compiles at a new size |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     for r in result["rows"]:
         if "gpu_ms" not in r:
             lines.append(f"| {r['model']} | {r['nodes']} | {r.get('ort_nodes_optimized', '')} | | | — "
                          f"| {_f(r.get('ort_ms'), '.3f')} | | | | | | | "
-                         f"{_short_error(r.get('gpu_error', ''))} | | |")
+                         f"{_short_error(r.get('gpu_error', ''))} | | | |")
             continue
         s = r["split_ms"]
         total = sum(s.values()) or 1.0
@@ -437,7 +471,7 @@ def format_markdown(result: dict[str, Any]) -> str:
             f"| {_f(r['gpu_ms'])} | {_f(r.get('ort_ms'), '.3f')} | {_f(r.get('ratio'), '.0f')} "
             f"| {_f(r['submits_per_run'], '.0f')} | {pct['host']:.0f} | {pct['upload']:.0f} | {pct['submit']:.0f} "
             f"| {pct['wait+read']:.0f} | {_host_ops(r['host_nodes'])} | {_f(r.get('max_abs_diff_vs_ort'), '.3g')} "
-            f"| {r.get('compilations_second_shape', '')} |")
+            f"| {r.get('compilations_new_batch', '')} | {r.get('compilations_new_size', '')} |")
     if "baseline_rev" in result:
         lines += ["", f"Beside revision {result['baseline_rev'][:10]} (built from git, timed by the same script "
                       "in a subprocess right after):", "",
@@ -468,21 +502,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--families", default="cnn,mlp,transformer")
     p.add_argument("--formats", default=",".join(model_zoo.FORMATS))
     p.add_argument("--adapter")
+    p.add_argument("--exported", nargs="?", const="all", default="", metavar="MODELS",
+                   help="also the real-architecture models of onnx_quant.exported_models in every form "
+                        "(all, or a comma-separated list)")
+    p.add_argument("--no-shape-changes", action="store_true",
+                   help="skip the runs at a second batch size / new size (the compile columns)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--json", action="store_true")
     g.add_argument("--markdown", action="store_true")
     p.add_argument("--plots", metavar="DIR", help="also write PNG plots there (needs the bench extra)")
     p.add_argument("--baseline", metavar="REV", help="also time this git revision (e.g. the previous main)")
     args = p.parse_args(argv)
+    exported = [m for m in args.exported.split(",") if m]
+    if exported == ["all"]:
+        from onnx_quant import exported_models as em  # noqa: PLC0415
+
+        exported = list(em.MODELS)
     result = run(families=[f for f in args.families.split(",") if f],
                  formats=[f for f in args.formats.split(",") if f],
-                 chain=args.chain, repeat=args.repeat, adapter=args.adapter)
+                 chain=args.chain, repeat=args.repeat, adapter=args.adapter, exported=exported,
+                 shape_changes=not args.no_shape_changes)
     if args.baseline:
         from baseline import run_json  # noqa: PLC0415 - benchmarks/baseline.py, beside this script
 
         _say(f"baseline {args.baseline} ...")
-        forwarded = ["--json", "--repeat", str(args.repeat), "--chain", str(args.chain), "--families", args.families,
-                     "--formats", args.formats] + (["--adapter", args.adapter] if args.adapter else [])
+        # the baseline is timed only: a revision may predate the shape changes' tables
+        forwarded = ["--json", "--no-shape-changes", "--repeat", str(args.repeat), "--chain", str(args.chain),
+                     "--families", args.families, "--formats", args.formats, "--exported", ",".join(exported)] + (
+                    ["--adapter", args.adapter] if args.adapter else [])
         add_baseline(result, run_json(args.baseline, "bench_models.py", forwarded))
     if args.json:
         print(json.dumps(result, indent=2, default=str))

@@ -241,14 +241,14 @@ def test_bench_models_counts_the_pipelines_a_second_shape_needs(device):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     kw = dict(device=device, repeat=1, timer=bench_models.PhaseTimer())
     feeds = {"x": np.linspace(-1, 1, 37, dtype=np.float32)}
-    same = bench_models.bench_one("same", model, feeds, second_feeds=feeds, **kw)
+    same = bench_models.bench_one("same", model, feeds, shape_changes={"batch": feeds}, **kw)
     assert "gpu_error" not in same, same
     # Relu -> Neg: one fused kernel, one pipeline
-    assert same["compilations_second_shape"] == 0 and same["pipelines_first_run"] == same["dispatches_per_run"] == 1
+    assert same["compilations_new_batch"] == 0 and same["pipelines_first_run"] == same["dispatches_per_run"] == 1
     # from a cold cache the device compiles exactly what the row counts for both shapes
     device.pipelines.forget()
     before = device.pipelines.compilations
     row = bench_models.bench_one("other", model, {"x": np.ones(4099, np.float32)},
-                                 second_feeds={"x": np.ones(4103, np.float32)}, **kw)
+                                 shape_changes={"batch": {"x": np.ones(4103, np.float32)}}, **kw)
     assert "gpu_error" not in row, row
-    assert device.pipelines.compilations - before == row["pipelines_first_run"] + row["compilations_second_shape"]
+    assert device.pipelines.compilations - before == row["pipelines_first_run"] + row["compilations_new_batch"]
