@@ -2,9 +2,11 @@
 
 Construction (once per model):
 
-* QDQ node units (``DequantizeLinear -> Conv/MatMul/Add/... -> QuantizeLinear``) are replaced by
-  the QLinear kernels onnxruntime substitutes with its optimizations on (``qdq_fusion.py``;
-  ``fuse_qdq=False`` keeps the graph as written);
+* the model is rewritten as onnxruntime's optimizations would (``rewrites.py``): BatchNormalization
+  folded into its Conv; QDQ node units (``DequantizeLinear -> Conv/MatMul/Add/... -> QuantizeLinear``)
+  replaced by the QLinear kernels (``qdq_fusion.py``); dynamic-quantization units and float32
+  elementwise groups fused into one node each; NonZero split into its padded GPU form and the region
+  run per count (each phase has its keyword to keep the graph as written);
 * every node gets a *placement*: a kernel spec that takes its op, attributes and element
   types (``gpu``); a view of its input (``view``: Reshape, Flatten, Squeeze, Unsqueeze,
   Identity, Dropout in inference mode); a Constant (evaluated once); or the host
@@ -39,7 +41,7 @@ import threading
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -61,6 +63,7 @@ from onnx_quant.backend_wgpu.host_rewrites import host_node
 from onnx_quant.backend_wgpu.host_sizes import check_host_node
 from onnx_quant.backend_wgpu.locking import holding
 from onnx_quant.backend_wgpu.model_check import check_host_outputs, static_values
+from onnx_quant.backend_wgpu.rewrites import RewriteOptions, op_text, rewrite_model, spec_rejects
 from onnx_quant.dtypes import element_type, ort_type, type_name
 from onnx_quant.errors import ExecutionError, HostFallbackWarning, KernelRejected, QuantError
 from onnx_quant.budget import resolve as resolve_budget
@@ -197,18 +200,25 @@ class Session:
         self.model = load_model(model_or_path, load_external_data=True, base_dir=base_dir, budget=self.budget)
         self._static_values = static_values(self.model)  # structural faults are refused here, first
         self._specs = self._registry(specs)
+        # the construction phases (rewrites.py): BatchNormalization folding, the QDQ, dynamic and
+        # elementwise fusions, NonZero's data-dependent split
+        rewritten = rewrite_model(self.model, self._static_values, self._specs, RewriteOptions(
+            fold_batch_norm=fold_batch_norm, fuse_qdq=fuse_qdq, fuse_dynamic=fuse_dynamic,
+            fuse_elementwise=fuse_elementwise))
+        self.model, self._static_values = rewritten.model, rewritten.static_values
         #: the Conv -> BatchNormalization pairs folded into one Conv (bn_folding.py)
-        self.folded_batch_norms = self._fold_batch_norm(fold_batch_norm)
+        self.folded_batch_norms = rewritten.folded_batch_norms
         #: the QDQ node units replaced by QLinear kernels (qdq_fusion.py), empty with fuse_qdq=False
-        self.fusion = self._fuse(fuse_qdq)
-        #: the dynamic-quantization units (DynamicQuantizeLinear -> MatMulInteger / ConvInteger ->
-        #: Cast -> Mul [-> Add] [-> Relu]) replaced by one fused node each (dynamic_fusion.py);
-        #: before the elementwise groups, which would otherwise take their float tails
-        self.dynamic_fusion = self._fuse_dynamic(fuse_dynamic)
+        self.fusion = rewritten.fusion
+        #: the dynamic-quantization units replaced by one fused node each (dynamic_fusion.py)
+        self.dynamic_fusion = rewritten.dynamic_fusion
         #: the float32 elementwise groups run as one kernel each (elementwise_fusion.py)
-        self.elementwise_fusion = self._fuse_elementwise(fuse_elementwise)
+        self.elementwise_fusion = rewritten.elementwise_fusion
+        #: fused node -> the unit it replaced, run as written on the host if its kernel declines
+        self._fused_units = rewritten.fused_units
         #: NonZero nodes in their padded GPU form, the nodes reading them moved into a region (data_dependent.py)
-        self._nonzeros = self._split_data_dependent()
+        self._nonzeros = rewritten.nonzeros
+        self._nonzero_declined = rewritten.nonzero_declined
         #: If / Loop runners (control_flow.py), per node index, built on first run
         self._control: dict[int, Any] = {}
         self._body_options = {"allow_host_fallback": allow_host_fallback, "memory_budget": self.budget,
@@ -265,103 +275,6 @@ class Session:
 
     # -- construction ------------------------------------------------------------------------
 
-    def _replace_model(self, model: onnx.ModelProto) -> None:
-        """A construction phase's rewritten model (folding, fusion) becomes the one the session runs."""
-        self.model = model
-        self._static_values = static_values(model)
-
-    def _fold_batch_norm(self, enabled: bool) -> list:
-        """Before placement: BatchNormalization folded into the Conv before it (bn_folding.py), as
-        onnxruntime does from ORT_ENABLE_BASIC on; ``self.model`` becomes the folded model."""
-        if not enabled:
-            return []
-        from onnx_quant.backend_wgpu.bn_folding import fold_batch_norm  # noqa: PLC0415
-
-        result = fold_batch_norm(self.model)
-        if result.folded:
-            self._replace_model(result.model)
-        return result.folded
-
-    def _fuse(self, enabled: bool):
-        """Phase 0, before placement: QDQ node units onto QLinear kernels (qdq_fusion.py), where a
-        kernel spec takes the replacement; ``self.model`` becomes the fused model."""
-        from onnx_quant.backend_wgpu.qdq_fusion import FusionResult, fuse_qdq  # noqa: PLC0415
-
-        self._fused_units: dict[str, Any] = {}
-        if not enabled:
-            return FusionResult(self.model)
-
-        result = fuse_qdq(self.model, elem_of=self._elem, supported=self._kernel_takes)
-        if result.units:
-            self._replace_model(result.model)
-        self._fused_units = {u.node.output[0]: u for u in result.units}
-        return result
-
-    def _fuse_dynamic(self, enabled: bool):
-        """After QDQ fusion: dynamic-quantization units onto one fused node each (dynamic_fusion.py);
-        before the elementwise groups, which would otherwise take their float tails."""
-        from onnx_quant.backend_wgpu.dynamic_fusion import fuse_dynamic  # noqa: PLC0415
-
-        return self._fusion_phase(enabled, lambda: fuse_dynamic(self.model, elem_of=self._elem,
-                                                                supported=self._kernel_takes))
-
-    def _fuse_elementwise(self, enabled: bool):
-        """Last: groups of float32 elementwise nodes become one FusedElementwise node each
-        (elementwise_fusion.py)."""
-        from onnx_quant.backend_wgpu.elementwise_fusion import fuse_elementwise  # noqa: PLC0415
-
-        return self._fusion_phase(enabled, lambda: fuse_elementwise(
-            self.model, elem_of=self._elem, supported=self._kernel_takes,
-            spec_of=lambda node, version: self._specs.find("", node.op_type, version)))
-
-    def _fusion_phase(self, enabled: bool, fuse: Callable[[], Any]):
-        """Run one fusion phase on the current model (its result; nothing when disabled): the fused
-        model becomes the session's, each unit stays beside its node to run as written on the host
-        if its kernel declines."""
-        from onnx_quant.backend_wgpu.qdq_fusion import FusionResult  # noqa: PLC0415
-
-        if not enabled:
-            return FusionResult(self.model)
-        result = fuse()
-        if result.units:
-            self._replace_model(result.model)
-            self._fused_units.update({u.node.output[0]: u for u in result.units})
-        return result
-
-    def _kernel_takes(self, node: onnx.NodeProto, domain: str, version: int) -> str:
-        """Why no kernel spec takes a node a construction phase writes ('' if one does)."""
-        if domain in DEFAULT_DOMAINS and node.op_type in VIEW_OPS:
-            return ""  # a view of its (quantized) input
-        spec = self._specs.find(domain, node.op_type, version)
-        if spec is None:
-            return f"no GPU kernel for {self._op_text(domain, node.op_type)} at opset {version}"
-        return self._spec_rejects(spec, node)
-
-    def _split_data_dependent(self) -> list:
-        """After fusion: NonZero nodes a kernel takes become their padded GPU form, the nodes reading
-        their outputs one region node run per count (data_dependent.py); ``self.model`` becomes that."""
-        def rejects(node: onnx.NodeProto) -> str:
-            info = self._static_values.get(node.input[0])
-            version = self._opsets.get("", self._opsets.get("ai.onnx", 0))
-            spec = self._specs.find("", "NonZero", version)
-            if spec is None:
-                return f"no GPU kernel for NonZero at opset {version}"
-            if info is not None and info.shape is not None and len(info.shape) == 0:
-                return "the input's rank is 0 (a scalar's indices: [0, count] for ONNX's inference, [1, count] for numpy)"
-            return self._spec_rejects(spec, node)
-
-        self._opsets = {(imp.domain or ""): imp.version for imp in self.model.opset_import}
-        result = dd.split_model(self.model, rejects)
-        if result.nonzeros:
-            before = self._static_values
-            self._replace_model(result.model)
-            for name, info in before.items():  # what the region makes: as the model as written types it
-                known = self._static_values.get(name)
-                if known is None or not known.elem_type or known.shape is None:
-                    self._static_values[name] = info
-        self._nonzero_declined = result.declined
-        return result.nonzeros
-
     @staticmethod
     def _registry(specs: Any):
         if specs is None:
@@ -395,10 +308,6 @@ class Session:
                 f"separate costs a submit and a read-back: " + "; ".join(parts))
 
     @staticmethod
-    def _op_text(domain: str, op_type: str) -> str:
-        return f"{domain}::{op_type}" if domain not in DEFAULT_DOMAINS else op_type
-
-    @staticmethod
     def _op_name(info: _NodeInfo) -> str:
         return f"{info.domain}::{info.node.op_type}" if info.domain not in DEFAULT_DOMAINS else info.node.op_type
 
@@ -422,7 +331,7 @@ class Session:
         spec = self._specs.find(domain, node.op_type, version)
         reason = "" if spec is None else self._spec_rejects(spec, node)
         if spec is None:
-            reason = f"no GPU kernel for {self._op_text(domain, node.op_type)} at opset {version}"
+            reason = f"no GPU kernel for {op_text(domain, node.op_type)} at opset {version}"
         if domain in DEFAULT_DOMAINS and node.op_type == "Constant":
             return _NodeInfo(index, label, node, domain, version, None, "const", "a constant", implicit)
         if dd.is_region(domain, node.op_type):
@@ -459,41 +368,7 @@ class Session:
 
     def _spec_rejects(self, spec, node: onnx.NodeProto) -> str:
         """Why the kernel cannot take this node whatever the shapes ('' if it can)."""
-        inputs = list(node.input)
-        outputs = list(node.output)
-        if len(inputs) > len(spec.inputs):
-            return f"the node has {len(inputs)} inputs, kernel {spec.name} takes {len(spec.inputs)}"
-        if len(outputs) > len(spec.outputs):
-            return f"the node has {len(outputs)} outputs, kernel {spec.name} writes {len(spec.outputs)}"
-        for i, (sname, decl) in enumerate(spec.inputs.items()):
-            vname = inputs[i] if i < len(inputs) else ""
-            if not vname and not decl.optional:
-                return f"kernel {spec.name} needs input {sname!r}, the node leaves it out"
-        for i, (sname, decl) in enumerate(spec.outputs.items()):
-            if (i >= len(outputs) or not outputs[i]) and not decl.optional:
-                return f"kernel {spec.name} writes output {sname!r}, the node leaves it out"
-        for a in node.attribute:
-            if a.name not in spec.attributes:
-                return f"kernel {spec.name} does not understand attribute {a.name!r}"
-        bound: dict[str, tuple[str, str]] = {}
-        for names, decls in ((inputs, spec.inputs), (outputs, spec.outputs)):
-            for i, (sname, decl) in enumerate(decls.items()):
-                vname = names[i] if i < len(names) else ""
-                if not vname:
-                    continue
-                code = self._elem(vname)
-                if not code:
-                    continue  # decided per plan
-                dt = _onnx_type(code)
-                allowed = spec.type_constraints[decl.dtype]
-                if dt is None or dt not in allowed:
-                    return (f"kernel {spec.name}: {sname!r} is {type_name(code)}, {decl.dtype} allows only "
-                            f"{', '.join(allowed)}")
-                if decl.dtype in bound and bound[decl.dtype][0] != dt:
-                    return (f"kernel {spec.name}: {sname!r} is {dt} but {bound[decl.dtype][1]!r} is "
-                            f"{bound[decl.dtype][0]} (both {decl.dtype})")
-                bound.setdefault(decl.dtype, (dt, sname))
-        return ""
+        return spec_rejects(spec, node, self._elem)
 
     def _static_view_rejects(self, node: onnx.NodeProto) -> str | None:
         """Why a view op cannot be a view whatever the shapes (None if it may be one)."""
