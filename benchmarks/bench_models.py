@@ -327,6 +327,10 @@ def bench_one(name: str, model, feeds, *, device, repeat: int, timer: PhaseTimer
             unfused = {"fuse_elementwise": False} if (model.graph.name == "chain"
                                                       and session_accepts("fuse_elementwise")) else {}
             session = make_session(model, device=device, **unfused)
+            if shape_changes and hasattr(device.pipelines, "forget"):
+                # a cold pipeline cache: what a new shape compiles (and its first run's time) is
+                # this model's own, not hidden by what the models before it compiled
+                device.pipelines.forget()
             t0 = time.perf_counter()
             with _pipeline_requests(device) as first_keys:
                 got = session.run(None, feeds)
@@ -360,8 +364,10 @@ def bench_one(name: str, model, feeds, *, device, repeat: int, timer: PhaseTimer
                 # a new batch size (or image size / sequence length) after the first: what it
                 # compiles (issue #11 asks for none), counted against this model's own first shape,
                 # not the device's cache (which the models before this one filled)
+                t0 = time.perf_counter()
                 with _pipeline_requests(device) as keys:
                     session.run(None, changed_feeds)
+                row[f"first_run_new_{change}_ms"] = (time.perf_counter() - t0) * 1e3
                 row[f"shape_{change}"] = {k: list(v.shape) for k, v in changed_feeds.items()}
                 row[f"compilations_new_{change}"] = len(keys - first_keys)
             count = host_node_count(session)
@@ -454,13 +460,13 @@ def format_markdown(result: dict[str, Any]) -> str:
              "| onnxruntime ms | GPU / ort "
              "| submits per run | host % | upload % | submit % "
              "| wait + read-back % | nodes on the host | max \\|diff\\| vs ort | compiles at a 2nd batch size "
-             "| compiles at a new size |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+             "| compiles at a new size | first run at a new size ms |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
     for r in result["rows"]:
         if "gpu_ms" not in r:
             lines.append(f"| {r['model']} | {r['nodes']} | {r.get('ort_nodes_optimized', '')} | | | — "
                          f"| {_f(r.get('ort_ms'), '.3f')} | | | | | | | "
-                         f"{_short_error(r.get('gpu_error', ''))} | | | |")
+                         f"{_short_error(r.get('gpu_error', ''))} | | | | |")
             continue
         s = r["split_ms"]
         total = sum(s.values()) or 1.0
@@ -471,7 +477,8 @@ def format_markdown(result: dict[str, Any]) -> str:
             f"| {_f(r['gpu_ms'])} | {_f(r.get('ort_ms'), '.3f')} | {_f(r.get('ratio'), '.0f')} "
             f"| {_f(r['submits_per_run'], '.0f')} | {pct['host']:.0f} | {pct['upload']:.0f} | {pct['submit']:.0f} "
             f"| {pct['wait+read']:.0f} | {_host_ops(r['host_nodes'])} | {_f(r.get('max_abs_diff_vs_ort'), '.3g')} "
-            f"| {r.get('compilations_new_batch', '')} | {r.get('compilations_new_size', '')} |")
+            f"| {r.get('compilations_new_batch', '')} | {r.get('compilations_new_size', '')} "
+            f"| {_f(r.get('first_run_new_size_ms'), '.1f')} |")
     if "baseline_rev" in result:
         lines += ["", f"Beside revision {result['baseline_rev'][:10]} (built from git, timed by the same script "
                       "in a subprocess right after):", "",
