@@ -1,4 +1,4 @@
-"""NonZero, TopK, QLinearSigmoid / QLinearLeakyRelu, LSTM and DynamicQuantizeLSTM take their sizes
+"""NonZero, TopK, QLinearSigmoid / QLinearLeakyRelu, LSTM, GRU, RNN and DynamicQuantizeLSTM take their sizes
 as runtime uniforms (issue #11; backend_wgpu/uniforms.py): each model runs at a first shape, then a
 second batch size, then a new spatial size / sequence length, from a cold pipeline cache. The
 second and third runs compile none of the kernel's pipelines, and every output agrees with its
@@ -166,3 +166,29 @@ def test_dynamic_quantize_lstm_compiles_once(best, seq_lens):
         for g, w in zip(got, want):
             assert g.shape == w.shape
             assert float(np.abs(g.astype(np.float64) - w).max(initial=0)) <= 1e-5
+
+
+@pytest.mark.parametrize("op", ["GRU", "RNN"])
+def test_gru_rnn_compile_once(best, op):
+    """The recurrent template's other members: the same uniforms (sequence length, batch)."""
+    rng = np.random.default_rng(5)
+    g = 3 if op == "GRU" else 1
+    inits = [numpy_helper.from_array((rng.standard_normal([2, g * HIDDEN, INP]) * 0.5).astype(F32), "W"),
+             numpy_helper.from_array((rng.standard_normal([2, g * HIDDEN, HIDDEN]) * 0.5).astype(F32), "R"),
+             numpy_helper.from_array(rng.standard_normal([2, 2 * g * HIDDEN]).astype(F32), "B")]
+    node = helper.make_node(op, ["X", "W", "R", "B", "sequence_lens", "initial_h"], ["Y", "Y_h"],
+                            hidden_size=HIDDEN, direction="bidirectional")
+    ins, _ = _lstm_io(True)
+    ins = ins[:3]  # X, sequence_lens, initial_h
+    outs = [helper.make_tensor_value_info(o, TP.FLOAT, None) for o in ("Y", "Y_h")]
+    model = _model(node, ins, outs, inits, (("", 14),))
+    feeds = []
+    for s, n in SHAPES:
+        f = _lstm_feeds(rng, s, n, seq_lens=True)
+        del f["initial_c"]
+        feeds.append(f)
+    got_all = _run_shapes(best, model, feeds, op)
+    for f, got in zip(feeds, got_all):
+        for g_, w in zip(got, onnxruntime_run(model, f, level="ORT_DISABLE_ALL")):
+            assert g_.shape == w.shape
+            np.testing.assert_allclose(g_, w, rtol=2e-5, atol=2e-6)
