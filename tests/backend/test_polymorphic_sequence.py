@@ -1,6 +1,6 @@
 """Shape-polymorphic pipelines over the sequence length (issue #11): the sizes that follow a
 transformer's sequence length are runtime uniforms in the attention's kernels (QLinearMatMul /
-MatMulInteger: K and N; MatMul / Gemm: K and N; Softmax serial: the row length; the reduce
+MatMulInteger / QGemm: K and N; MatMul / Gemm: K and N; Softmax serial: the row length; the reduce
 family's serial and workgroup_per_word variants: the shape; Gather: its shapes and index map), so
 a new sequence length compiles no pipeline, from a cold cache, and every output is the oracle's
 (bit for bit for integer outputs; float sums within the bounds of the kernels' own tests).
@@ -124,6 +124,46 @@ def test_matmul_integer_at_three_sequence_lengths(dev, variant, bucket):
                             _vi("b", TensorProto.INT8, ["B", 2, "S", 8])], inits)
     feeds_list = [_attention_feeds(rng, False, b, s) for b, s in zip((1, 2, 1), SEQ_BUCKETS[bucket])]
     _check_sequence_lengths(dev, model, "MatMulInteger", variant, feeds_list, _reference, exact=True)
+
+
+def _qgemm(trans_b):
+    """com.microsoft QGemm of uint8 A [6, K] by int8 B plus int32 C [N], uint8 output: K = S
+    (B [S, 12], a weight: per-column zero points and scales) or, trans_b, N = S (B [S, 16] =
+    B'^T, an activation: per-tensor; a per-column parameter count is the qp layout's, plan-time)."""
+    k_dim, n_dim = (16, "S") if trans_b else ("S", 12)
+    inits = [numpy_helper.from_array(np.array(v, dt), name) for name, v, dt in
+             [("a_scale", 0.03, F32), ("a_zp", 121, np.uint8), ("y_scale", 0.9, F32), ("y_zp", 110, np.uint8)]]
+    if trans_b:
+        inits += [numpy_helper.from_array(np.array(0.02, F32), "b_scale"), numpy_helper.from_array(np.array(-5, np.int8), "b_zp")]
+    node = helper.make_node("QGemm", ["A", "a_scale", "a_zp", "B", "b_scale", "b_zp", "C", "y_scale", "y_zp"],
+                            ["y"], domain="com.microsoft", transB=int(trans_b))
+    inputs = [_vi("A", TensorProto.UINT8, [6, k_dim]),
+              _vi("B", TensorProto.INT8, [n_dim, k_dim] if trans_b else [k_dim, n_dim]),
+              _vi("C", TensorProto.INT32, [n_dim])]
+    if not trans_b:
+        inputs += [_vi("b_scale", TensorProto.FLOAT, [n_dim]), _vi("b_zp", TensorProto.INT8, [n_dim])]
+    graph = helper.make_graph([node], "g", inputs, [_vi("y", TensorProto.UINT8, None)], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
+                             ir_version=10)
+
+
+@pytest.mark.parametrize("bucket", sorted(SEQ_BUCKETS))
+@pytest.mark.parametrize("trans_b", (False, True), ids=("k_is_s", "n_is_s"))
+@pytest.mark.parametrize("variant", ("blocked_epilogue", "blocked", "simple"))
+def test_qgemm_at_three_sequence_lengths(dev, variant, trans_b, bucket):
+    """QGemm shares the integer GEMM core: K and N are uniforms too; onnxruntime's bits."""
+    rng = np.random.default_rng(29)
+    model = _qgemm(trans_b)
+    feeds_list = []
+    for s in SEQ_BUCKETS[bucket]:
+        k, n = (16, s) if trans_b else (s, 12)
+        f = {"A": _q(rng, np.uint8, (6, k)), "B": _q(rng, np.int8, (n, k) if trans_b else (k, n)),
+             "C": rng.integers(-4000, 4000, n).astype(np.int32)}
+        if not trans_b:
+            f.update(b_scale=rng.uniform(0.01, 0.03, n).astype(F32), b_zp=_q(rng, np.int8, (n,)) // 8)
+        feeds_list.append(f)
+    _check_sequence_lengths(dev, model, "QGemm", variant, feeds_list, onnxruntime_run, exact=True,
+                            tunables={"QGemm": {"BLOCKED_MIN_MACS": 0}})
 
 
 # --------------------------------------------------------------------------- float MatMul / Gemm
