@@ -17,7 +17,7 @@ def static_values(model: onnx.ModelProto) -> dict:
     from onnx_quant.inference.structure import STRUCTURAL_RULES, first_structural_error  # noqa: PLC0415
 
     try:
-        result = infer(model, strict=False)
+        result = infer(model, strict=False, runtime=True)
     except InferenceError as e:
         if e.rule in STRUCTURAL_RULES:
             raise

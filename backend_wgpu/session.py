@@ -706,8 +706,10 @@ class Session:
         try:
             # a graph output whose declared shape contradicts what the model computes gets the
             # computed one (onnxruntime warns and does the same): its buffer holds what is written
+            # and what the runtimes compute where onnx's inference answers otherwise (runtime=True)
             values = infer_values(self.model, {k: list(v) for k, v in shapes.items()}, strict=False,
-                                  input_values=dict(input_values) or None, declared_outputs_win=False)
+                                  input_values=dict(input_values) or None, declared_outputs_win=False,
+                                  runtime=True)
         except QuantError as e:
             raise ExecutionError(f"shape inference for input shapes {dict(shapes)} failed: {e}") from None
         dd.capacity_values(self._nonzeros, values)  # the padded NonZero outputs inference does not know

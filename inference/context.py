@@ -91,12 +91,16 @@ class ShapesContext:
 
     Rules read their inputs with ``ctx[name]`` (``KeyError`` never escapes: a missing name
     reads as unknown) and write outputs with ``ctx.set(name, info)``. ``strict`` tells rules
-    whether a violation raises or is recorded as a diagnostic.
+    whether a violation raises or is recorded as a diagnostic. ``runtime``: the pass types what a
+    runtime computes where onnx's inference and the runtimes disagree (a ceil-mode pool's last
+    window starting in the end padding: onnx's inference keeps it before opset 22, onnx.reference
+    and onnxruntime drop it at every opset), instead of what onnx's inference answers.
     """
 
-    def __init__(self, opsets: dict[str, int], *, strict: bool = False) -> None:
+    def __init__(self, opsets: dict[str, int], *, strict: bool = False, runtime: bool = False) -> None:
         self.opsets = dict(opsets)
         self.strict = strict
+        self.runtime = runtime
         self._values: dict[str, TensorInfo] = {}
         self.diagnostics: list = []
 

@@ -167,7 +167,7 @@ class InferenceResult:
 def infer(model: ModelSource, *, strict: bool = False,
           input_shapes: Mapping[str, Iterable[Any]] | None = None,
           input_values: Mapping[str, np.ndarray] | None = None,
-          declared_outputs_win: bool = True) -> InferenceResult:
+          declared_outputs_win: bool = True, runtime: bool = False) -> InferenceResult:
     """Run the pass over ``model`` (a ModelProto, path or bytes; not modified).
 
     ``input_shapes`` overrides graph input shapes (dims as ints, symbol names or ``None``);
@@ -178,11 +178,13 @@ def infer(model: ModelSource, *, strict: bool = False,
     (the model's contract) unless ``declared_outputs_win`` is False (a runtime allocating what
     the model computes, as onnxruntime does after its warning). Lenient mode
     records every violation in the result; ``strict=True`` raises the first
-    ``InferenceError``.
+    ``InferenceError``. ``runtime=True`` (a runtime planning what it will compute): where onnx's
+    shape inference and the runtimes (onnx.reference, onnxruntime) disagree on what a node
+    computes, the runtimes' answer (``ShapesContext.runtime``).
     """
     proto = load_model(model, check_external=False)  # the pass checks external data as it seeds
-    return _Pass(proto, strict=strict, label=_source_label(model),
-                 declared_outputs_win=declared_outputs_win).run(input_shapes, input_values)
+    return _Pass(proto, strict=strict, label=_source_label(model), declared_outputs_win=declared_outputs_win,
+                 runtime=runtime).run(input_shapes, input_values)
 
 
 def infer_shapes(model: ModelSource, *, strict: bool = False) -> onnx.ModelProto:
@@ -202,14 +204,14 @@ def infer_shapes(model: ModelSource, *, strict: bool = False) -> onnx.ModelProto
 
 def infer_values(model: ModelSource, input_shapes: Mapping[str, Iterable[Any]] | None = None, *,
                  strict: bool = False, input_values: Mapping[str, np.ndarray] | None = None,
-                 declared_outputs_win: bool = True) -> dict[str, TensorInfo]:
+                 declared_outputs_win: bool = True, runtime: bool = False) -> dict[str, TensorInfo]:
     """Name -> ``TensorInfo`` for every value: graph inputs, initializers, intermediates, outputs.
 
     With concrete ``input_shapes`` every shape that follows from them is a tuple of ints;
     ``input_values`` (see ``infer``) lets the values computed from those inputs fold too.
     """
     return infer(model, strict=strict, input_shapes=input_shapes, input_values=input_values,
-                 declared_outputs_win=declared_outputs_win).values()
+                 declared_outputs_win=declared_outputs_win, runtime=runtime).values()
 
 
 def _source_label(model: ModelSource) -> str:
@@ -549,6 +551,7 @@ class _Scope(ShapesContext):
         self.diagnostics = diagnostics
         self.parent = parent
         self.owner = owner
+        self.runtime = parent.runtime if parent is not None else False
         self.other: dict[str, onnx.TypeProto] = {}  # non-tensor types (sequence, optional, map)
         self.kids: dict[str, int] = {"": 0}  # name -> memo key id of its current value (a cache); "": absent
 
@@ -712,7 +715,7 @@ class _Pass:
     """State of one walk; nothing outlives ``run``."""
 
     def __init__(self, model: onnx.ModelProto, *, strict: bool, label: str = "<model>",
-                 declared_outputs_win: bool = True) -> None:
+                 declared_outputs_win: bool = True, runtime: bool = False) -> None:
         self.model = model
         self.strict = strict
         self.label = label
@@ -730,6 +733,7 @@ class _Pass:
         # the result frees everything at once (no cycles left for the garbage collector)
         self.owner = _Owner(strict, self.diagnostics)
         scope = _Scope(opsets, strict, self.diagnostics, owner=self.owner)
+        scope.runtime = runtime
         self.ctx = scope
         self.result = InferenceResult(scope)
         self.result.owner = self  # type: ignore[attr-defined]

@@ -169,7 +169,8 @@ def pool_dim(in_dim: DimLike, kernel: int, *, auto_pad: str, pad_begin: int, pad
 
     Ceil mode: ``out = ceil((in + pads - eff) / s) + 1``; with ``drop_last`` (MaxPool and
     AveragePool since opset 22) a last window that would start in the end padding is dropped:
-    minus one when ``(out - 1) * s >= in + pad_begin``. Before opset 22 ONNX does not drop it.
+    minus one when ``(out - 1) * s >= in + pad_begin``. Before opset 22 onnx's inference does not
+    drop it, onnx.reference and onnxruntime do (the rules drop it there for a runtime's pass).
     """
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         return dims.ceildiv(in_dim, stride)
@@ -254,7 +255,7 @@ def max_pool(ctx, n) -> None:
         n.fail("MaxPool", "storage_order must be 0 or 1", subject="attribute storage_order", expected="0 or 1",
                found=n.attr("storage_order"))
     shape = pool_output_shape(n, "MaxPool", x.shape, ceil_mode=bool(n.attr("ceil_mode", 0)),
-                              drop_last=n.version >= 22)
+                              drop_last=n.version >= 22 or n.ctx.runtime)
     n.set_output(0, TensorInfo(x.elem_type, shape))
     if n.version >= 8 and n.output_name(1):
         n.set_output(1, TensorInfo(INT64, shape))
@@ -264,7 +265,7 @@ def max_pool(ctx, n) -> None:
 def average_pool(ctx, n) -> None:
     x, = need(n, "AveragePool", "X")
     shape = pool_output_shape(n, "AveragePool", x.shape, ceil_mode=bool(n.attr("ceil_mode", 0)),
-                              drop_last=n.version >= 22, use_dilations=n.version >= 11)
+                              drop_last=n.version >= 22 or n.ctx.runtime, use_dilations=n.version >= 11)
     n.set_output(0, TensorInfo(x.elem_type, shape))
 
 

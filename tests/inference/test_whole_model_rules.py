@@ -277,6 +277,25 @@ def test_pool_ceil_mode_evaluates_like_onnx(k, s, pb, pe, ceil_mode, op, d, opse
         assert ours(fixed)["y"].shape == expected.shape
 
 
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+def test_a_runtimes_pass_drops_the_last_ceil_window_in_the_padding_at_every_opset(op):
+    """Before opset 22 onnx's inference keeps a last ceil-mode window that starts in the end padding
+    (the default pass agrees with it); onnx.reference and onnxruntime drop it, and a runtime's pass
+    (``runtime=True``, what the GPU Session plans with) types what they compute."""
+    import onnxruntime as ort
+    from onnx.reference import ReferenceEvaluator
+    from onnx_quant.inference import infer
+
+    attrs = dict(kernel_shape=[2, 2], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1)
+    m = model([helper.make_node(op, ["x"], ["y"], **attrs)], [vi("x", T.FLOAT, [1, 1, 5, 5])], opset=19)
+    assert ours(m)["y"].shape == theirs(m)["y"].shape == (1, 1, 4, 4)
+    x = np.zeros((1, 1, 5, 5), np.float32)
+    ran = {ReferenceEvaluator(m).run(None, {"x": x})[0].shape,
+           ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0].shape}
+    assert ran == {(1, 1, 3, 3)}
+    assert infer(m, runtime=True).values()["y"].shape == (1, 1, 3, 3)
+
+
 @pytest.mark.parametrize("attrs", [
     dict(strides=[2, 2]), dict(strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1]),
     dict(strides=[3, 2], dilations=[2, 1]), dict(output_shape=[10, 9], strides=[2, 2]),
