@@ -342,3 +342,21 @@ def test_exported_models_compile_no_conv_or_pool_at_a_new_image_or_batch_size(de
                         continue
                     scale = float(np.abs(w.astype(np.float64)).max(initial=0))
                     assert float(np.abs(g.astype(np.float64) - w).max(initial=0)) <= rtol * scale + 1e-6
+
+
+@pytest.mark.parametrize("channels", [256, 257], ids=["just_inside", "past"])
+def test_pool_index_division_at_the_magic_bound(dev, channels):
+    """snippets/fast_div: n / d as the high word of n * magic is exact while n * d < 2^32 (the specs'
+    divMagicFits: count * outVolume < 2^32). A 1x1 MaxPool over 256 channels of 63 x 65 positions
+    divides every output index (up to 256 * 4095 - 1) by 4095, n * d up to just below 2^32; with 257
+    channels the bound fails and the template divides plainly. Every output must be its input."""
+    from onnx_quant.backend_wgpu.session import Session
+
+    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[1, 1])
+    model = _model([node], [_image_input(TensorProto.FLOAT, channels)], [_vi("y", TensorProto.FLOAT, None)], opset=19)
+    x = np.random.default_rng(13).standard_normal([1, channels, 63, 65]).astype(F32)
+    with Session(model, device=dev, allow_host_fallback=False) as sess:
+        (got,) = sess.run(None, {"x": x})
+        plan = next(p for p in sess.plans({"x": x.shape}) if p.kernel == "MaxPool")
+    assert plan.derived["divMagicFits"] == (x.size * 4095 < 2 ** 32)
+    assert np.array_equal(got.view(np.uint32), x.view(np.uint32))
