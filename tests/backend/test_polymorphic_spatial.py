@@ -1,0 +1,362 @@
+"""The convolution and pooling kernels take the image size as runtime uniforms (issue #11;
+backend_wgpu/uniforms.py): input and output height / width (and their products, the output
+position count) are no longer pipeline constants; kernel window, strides, dilations, pads,
+channels and group stay constants. Each kernel (every variant) runs at two spatial sizes from a
+cold pipeline cache: the second size compiles none of the kernel's pipelines, and both outputs
+agree with the oracle: onnx.reference bit for bit for integer outputs and for MaxPool / GlobalMaxPool,
+within float rounding for the float sums (run in another order); onnxruntime with its
+optimizations off bit for bit for the dynamic-quantization conv units; numpy's model of
+onnxruntime bit for bit for QLinearGlobalAveragePool and onnxruntime itself for QLinearAveragePool.
+
+Then the exported models (yolo_head, mobilenet_v3, dbnet, crnn in every form) at a new spatial size
+and at a second batch size: none of these kernels compiles a pipeline again, and the outputs
+agree with onnxruntime as test_exported_models_gpu.py checks them."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+from conftest import onnxruntime_run
+from test_contrib_kernels_gpu import assert_matches_ort, model_qglobal
+from test_polymorphic_conv import _model, _vi
+
+F32 = np.float32
+MS = "com.microsoft"
+
+
+@pytest.fixture(scope="module")
+def dev(best):
+    return best
+
+
+def _run_two_sizes(dev, model, feeds_list, kernel, variant=None):
+    """Outputs at each input size (cold cache first), and the labels of the pipelines each run compiled."""
+    from onnx_quant.backend_wgpu.session import Session
+
+    variants = {kernel: variant} if variant else None
+    outs, compiled = [], []
+    with Session(model, device=dev, variants=variants, allow_host_fallback=False) as sess:
+        cache = sess.device.pipelines
+        cache.forget()
+        for feeds in feeds_list:
+            before = set(cache._pipelines)
+            outs.append(sess.run(None, feeds))
+            compiled.append([cache._pipelines[k].label for k in set(cache._pipelines) - before])
+            if variant:
+                plan = next(p for p in sess.plans({k: v.shape for k, v in feeds.items()}) if p.kernel == kernel)
+                assert plan.variant == variant
+    assert compiled[0], "the first size compiled nothing: the cache was not cold"
+    return outs, compiled
+
+
+def _assert_second_size_compiles_nothing(compiled, kernel):
+    assert not [lab for lab in compiled[1] if kernel in lab], f"the second image size recompiled: {compiled[1]}"
+
+
+def _assert_exact(outs, model, feeds_list):
+    ref = ReferenceEvaluator(model)
+    for got, f in zip(outs, feeds_list):
+        want = ref.run(None, f)[0]
+        assert got[0].shape == want.shape and got[0].dtype == want.dtype
+        assert np.array_equal(got[0].view(np.uint8), want.view(np.uint8))
+
+
+def _assert_close(outs, model, feeds_list, tol=1e-5):
+    ref = ReferenceEvaluator(model)
+    for got, f in zip(outs, feeds_list):
+        want = ref.run(None, f)[0]
+        assert got[0].shape == want.shape
+        np.testing.assert_allclose(got[0], want, rtol=tol, atol=tol)
+
+
+def _images(channels, sizes, dtype, seed=0, channels_last=False):
+    rng = np.random.default_rng(seed)
+    out = []
+    for hw in sizes:
+        shape = [1, *hw, channels] if channels_last else [1, channels, *hw]
+        if dtype == np.float32:
+            out.append({"x": rng.standard_normal(shape).astype(F32)})
+        else:
+            info = np.iinfo(dtype)
+            out.append({"x": rng.integers(info.min, info.max + 1, shape).astype(dtype)})
+    return out
+
+
+def _image_input(dtype, channels, rank=2, channels_last=False):
+    spatial = ["H", "W", "D"][:rank]
+    return _vi("x", dtype, ["N", *spatial, channels] if channels_last else ["N", channels, *spatial])
+
+
+# ----------------------------------------------------------------------------- QLinearConv, ConvInteger
+
+def _qlinear_conv_model():
+    rng = np.random.default_rng(1)
+    M, Cg, G = 6, 2, 2
+    inits = [
+        numpy_helper.from_array(np.array(0.05, F32), "x_scale"),
+        numpy_helper.from_array(np.array(7, np.uint8), "x_zero_point"),
+        numpy_helper.from_array(rng.integers(-128, 128, [M, Cg, 3, 3]).astype(np.int8), "w"),
+        numpy_helper.from_array((rng.random(M) * 0.02 + 0.005).astype(F32), "w_scale"),
+        numpy_helper.from_array(rng.integers(-4, 5, M).astype(np.int8), "w_zero_point"),
+        numpy_helper.from_array(np.array(0.3, F32), "y_scale"),
+        numpy_helper.from_array(np.array(120, np.uint8), "y_zero_point"),
+        numpy_helper.from_array(rng.integers(-500, 500, M).astype(np.int32), "B"),
+    ]
+    names = ["x", "x_scale", "x_zero_point", "w", "w_scale", "w_zero_point", "y_scale", "y_zero_point", "B"]
+    node = helper.make_node("QLinearConv", names, ["y"], group=G, pads=[1, 1, 1, 1], strides=[1, 1])
+    return _model([node], [_image_input(TensorProto.UINT8, Cg * G)], [_vi("y", TensorProto.UINT8, None)], inits, opset=10)
+
+
+def _conv_integer_model():
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array(rng.integers(0, 256, [5, 3, 3, 2]).astype(np.uint8), "w"),
+             numpy_helper.from_array(np.array(11, np.uint8), "x_zero_point"),
+             numpy_helper.from_array(np.array(130, np.uint8), "w_zero_point")]
+    node = helper.make_node("ConvInteger", ["x", "w", "x_zero_point", "w_zero_point"], ["y"],
+                            pads=[1, 0, 1, 1], strides=[2, 1])
+    return _model([node], [_image_input(TensorProto.UINT8, 3)], [_vi("y", TensorProto.INT32, None)], inits, opset=10)
+
+
+#: (op, variant, model builder, channels, two image sizes): QLinearConv's 30 output positions,
+#: then 48 (a multiple of 4: whole words where the first size shares words between rows)
+INTEGER_CONVS = ([("QLinearConv", v, _qlinear_conv_model, 4, [(6, 5), (8, 6)])
+                  for v in ("direct", "blocked_epilogue", "blocked", "tiled", "simple")]
+                 + [("ConvInteger", v, _conv_integer_model, 3, [(7, 6), (10, 9)])
+                    for v in ("direct", "blocked", "tiled", "simple")])
+
+
+@pytest.mark.parametrize("op, variant, build, channels, sizes", INTEGER_CONVS)
+def test_integer_convs_compile_once_for_two_image_sizes(dev, op, variant, build, channels, sizes):
+    model = build()
+    feeds = _images(channels, sizes, np.uint8)
+    outs, compiled = _run_two_sizes(dev, model, feeds, op, variant)
+    assert not compiled[1]  # one-node model: nothing at all compiles again
+    _assert_exact(outs, model, feeds)
+
+
+# ----------------------------------------------------------------------------- DynamicQuantizeConv, ConvIntegerToFloat
+
+def _dynamic_conv_unit(shared):
+    """DynamicQuantizeLinear -> ConvInteger -> Cast -> Mul -> Add -> Relu (dynamic_fusion.py fuses it
+    into DynamicQuantizeConv, or ConvIntegerToFloat when the quantized x has a second consumer)."""
+    rng = np.random.default_rng(3)
+    M = 4
+    inits = [numpy_helper.from_array(rng.integers(-127, 128, [M, 3, 3, 3]).astype(np.int8), "W"),
+             numpy_helper.from_array((rng.random([1, M, 1, 1]) * 0.02 + 0.001).astype(F32), "w_scale"),
+             numpy_helper.from_array(np.array(3, np.int8), "w_zp"),
+             numpy_helper.from_array(rng.standard_normal([1, M, 1, 1]).astype(F32), "bias")]
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+             helper.make_node("Mul", ["xs", "w_scale"], ["s"]),
+             helper.make_node("ConvInteger", ["xq", "W", "xz", "w_zp"], ["acc"], pads=[1, 1, 1, 1], strides=[2, 1]),
+             helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["accf", "s"], ["scaled"]),
+             helper.make_node("Add", ["scaled", "bias"], ["biased"]),
+             helper.make_node("Relu", ["biased"], ["y"])]
+    outputs = [_vi("y", TensorProto.FLOAT, None)]
+    if shared:
+        nodes.append(helper.make_node("Identity", ["xq"], ["xq_out"]))
+        outputs.append(_vi("xq_out", TensorProto.UINT8, None))
+    return _model(nodes, [_image_input(TensorProto.FLOAT, 3)], outputs, inits, opset=21)
+
+
+@pytest.mark.parametrize("kernel, variant, shared", [
+    ("DynamicQuantizeConv", "fused", False),
+    ("DynamicQuantizeConv", "two_pass", False),
+    ("ConvIntegerToFloat", "gemm", True),
+])
+def test_dynamic_conv_units_compile_once_for_two_image_sizes(dev, kernel, variant, shared):
+    model = _dynamic_conv_unit(shared)
+    feeds = _images(3, [(7, 6), (10, 13)], F32, seed=5)
+    outs, compiled = _run_two_sizes(dev, model, feeds, kernel, variant)
+    _assert_second_size_compiles_nothing(compiled, kernel)
+    for got, f in zip(outs, feeds):
+        for g, want in zip(got, onnxruntime_run(model, f, level="ORT_DISABLE_ALL")):
+            assert g.shape == want.shape and np.array_equal(g.view(np.uint8), want.view(np.uint8))
+
+
+# ----------------------------------------------------------------------------- float Conv, FusedConv, ConvTranspose
+
+def _float_conv_model(relu, **attrs):
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array(rng.standard_normal([8, 3, 3, 3]).astype(F32), "w"),
+             numpy_helper.from_array(rng.standard_normal(8).astype(F32), "b")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if relu else "y"], **attrs)]
+    if relu:
+        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+    return _model(nodes, [_image_input(TensorProto.FLOAT, 3)], [_vi("y", TensorProto.FLOAT, None)], inits)
+
+
+@pytest.mark.parametrize("kernel", ["Conv", "FusedConv"])
+@pytest.mark.parametrize("variant", ["direct", "direct_oc4"])
+def test_float_conv_compiles_once_for_two_image_sizes(dev, kernel, variant):
+    model = _float_conv_model(kernel == "FusedConv", pads=[1, 1, 1, 1], strides=[1, 2], dilations=[2, 1])
+    feeds = _images(3, [(6, 7), (9, 12)], F32, seed=6)
+    outs, compiled = _run_two_sizes(dev, model, feeds, kernel, variant)
+    assert not compiled[1]  # Conv + Relu is one FusedConv node
+    _assert_close(outs, model, feeds)
+
+
+def test_float_conv_same_padding_at_two_image_sizes(dev):
+    """auto_pad SAME_*: the pads follow the sizes, so they stay constants (a size may compile);
+    the values are right at both."""
+    model = _float_conv_model(False, auto_pad="SAME_LOWER", strides=[2, 2])
+    feeds = _images(3, [(6, 7), (9, 12)], F32, seed=7)
+    outs, _ = _run_two_sizes(dev, model, feeds, "Conv")
+    _assert_close(outs, model, feeds)
+
+
+def test_conv_transpose_compiles_once_for_two_image_sizes(dev):
+    rng = np.random.default_rng(8)
+    inits = [numpy_helper.from_array(rng.standard_normal([4, 3, 3, 3]).astype(F32), "w"),
+             numpy_helper.from_array(rng.standard_normal(3).astype(F32), "b")]
+    # group 1: onnx.reference's ConvTranspose reshapes w wrongly for groups
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2], pads=[1, 0, 1, 1],
+                            output_padding=[1, 0])
+    model = _model([node], [_image_input(TensorProto.FLOAT, 4)], [_vi("y", TensorProto.FLOAT, None)], inits)
+    feeds = _images(4, [(5, 4), (7, 9)], F32, seed=9)
+    outs, compiled = _run_two_sizes(dev, model, feeds, "ConvTranspose")
+    assert not compiled[1]
+    _assert_close(outs, model, feeds)
+
+
+# ----------------------------------------------------------------------------- pools
+
+POOLS = [
+    ("MaxPool", TensorProto.FLOAT, dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 0]), "word_per_invocation"),
+    ("MaxPool", TensorProto.UINT8, dict(kernel_shape=[2, 3], strides=[2, 1], dilations=[1, 2], ceil_mode=1), "word_per_invocation"),
+    ("AveragePool", TensorProto.FLOAT, dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), "word_per_invocation"),
+    ("AveragePool", TensorProto.FLOAT, dict(kernel_shape=[3, 2], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1),
+     "word_per_invocation"),
+    ("GlobalAveragePool", TensorProto.FLOAT, {}, "serial"),
+    ("GlobalAveragePool", TensorProto.FLOAT, {}, "workgroup"),
+    ("GlobalMaxPool", TensorProto.FLOAT, {}, "serial"),
+    ("GlobalMaxPool", TensorProto.FLOAT, {}, "workgroup"),
+]
+
+
+@pytest.mark.parametrize("op, dtype, attrs, variant", POOLS)
+def test_pools_compile_once_for_two_image_sizes(dev, op, dtype, attrs, variant):
+    np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+    node = helper.make_node(op, ["x"], ["y"], **attrs)
+    model = _model([node], [_image_input(dtype, 3)], [_vi("y", dtype, None)], opset=19)
+    feeds = _images(3, [(9, 8), (12, 15)], np_dtype, seed=10)
+    outs, compiled = _run_two_sizes(dev, model, feeds, op, variant)
+    assert not compiled[1]
+    if op == "AveragePool" or op == "GlobalAveragePool":
+        _assert_close(outs, model, feeds)
+    else:
+        _assert_exact(outs, model, feeds)
+
+
+def _ql_pool_model(op, dtype, attrs, channels_last):
+    np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+    inits = [numpy_helper.from_array(np.array(0.04, F32), "xs"), numpy_helper.from_array(np.array(9, np_dtype), "xz"),
+             numpy_helper.from_array(np.array(0.03, F32), "ys"), numpy_helper.from_array(np.array(3, np_dtype), "yz")]
+    node = helper.make_node(op, ["x", "xs", "xz", "ys", "yz"], ["y"], domain=MS, channels_last=channels_last, **attrs)
+    graph = helper.make_graph([node], "g", [_image_input(dtype, 5, channels_last=bool(channels_last))],
+                              [_vi("y", dtype, None)], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid(MS, 1)],
+                             ir_version=10)
+
+
+@pytest.mark.parametrize("variant", ["serial", "workgroup"])
+@pytest.mark.parametrize("cl", [0, 1])
+def test_qlinear_global_average_pool_compiles_once_for_two_image_sizes(dev, variant, cl):
+    model = _ql_pool_model("QLinearGlobalAveragePool", TensorProto.UINT8, {}, cl)
+    feeds = _images(5, [(6, 7), (9, 4)], np.uint8, seed=11, channels_last=bool(cl))
+    outs, compiled = _run_two_sizes(dev, model, feeds, "QLinearGlobalAveragePool", variant)
+    assert not compiled[1]
+    for got, f in zip(outs, feeds):
+        want = model_qglobal(f["x"], F32(0.04), 9, F32(0.03), 3, np.uint8, bool(cl))
+        assert got[0].shape == want.shape and np.array_equal(got[0], want)
+
+
+@pytest.mark.parametrize("cl", [0, 1])
+@pytest.mark.parametrize("cip", [0, 1])
+def test_qlinear_average_pool_compiles_once_for_two_image_sizes(dev, cl, cip):
+    model = _ql_pool_model("QLinearAveragePool", TensorProto.INT8,
+                           dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=cip), cl)
+    feeds = _images(5, [(6, 7), (9, 12)], np.int8, seed=12, channels_last=bool(cl))
+    outs, compiled = _run_two_sizes(dev, model, feeds, "QLinearAveragePool")
+    assert not compiled[1]
+    for got, f in zip(outs, feeds):
+        assert_matches_ort(got[0], onnxruntime_run(model, f)[0], f"QLinearAveragePool cl {cl} cip {cip}")
+
+
+# ----------------------------------------------------------------------------- the exported models
+
+#: the kernels this issue made size-polymorphic (other kernels of these models are other work)
+SPATIAL_KERNELS = {"QLinearConv", "ConvInteger", "DynamicQuantizeConv", "ConvIntegerToFloat", "Conv", "FusedConv",
+                   "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
+                   "QLinearGlobalAveragePool", "QLinearAveragePool"}
+#: per model: its base input shape's name, a new image size (same batch), a second batch size
+NEW_SIZES = {"yolo_head": ((32, 48), 2), "mobilenet_v3": ((16, 24), 3), "dbnet": ((48, 64), 2), "crnn": ((16, 32), 3)}
+
+
+def _kernel_of(label):
+    parts = label.split("/")
+    return parts[-3] if len(parts) >= 3 else label
+
+
+@pytest.mark.parametrize("form", ["float", "qoperator", "qdq", "dynamic"])
+@pytest.mark.parametrize("name", sorted(NEW_SIZES))
+def test_exported_models_compile_no_conv_or_pool_at_a_new_image_or_batch_size(dev, name, form):
+    from onnx_quant import exported_models as em
+    from onnx_quant.backend_wgpu.session import Session
+    from test_exported_models_gpu import FLOAT_RTOL, STATIC_RTOL, _onnxruntime
+
+    logging.getLogger().setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = em.build(name, form)
+    (input_name, base), = em.MODELS[name][1].items()
+    hw, batch = NEW_SIZES[name]
+    shapes = [base, (base[0], base[1], *hw), (batch, *base[1:])]
+    rtol = STATIC_RTOL if form in ("qoperator", "qdq") else FLOAT_RTOL
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Session(model, device=dev) as sess:
+            cache = sess.device.pipelines
+            cache.forget()
+            for i, shape in enumerate(shapes):
+                feeds = em.feeds(model, {input_name: shape}, seed=i)
+                before = set(cache._pipelines)
+                got = sess.run(None, feeds)
+                ours = sorted(cache._pipelines[k].label for k in set(cache._pipelines) - before
+                              if _kernel_of(cache._pipelines[k].label) in SPATIAL_KERNELS)
+                if i == 0:
+                    assert ours, "the first run compiled no conv or pool: the cache was not cold"
+                else:
+                    assert not ours, f"{shape} recompiled {ours}"
+                want = _onnxruntime(model, feeds, optimized=form == "qdq")
+                for g, w in zip(got, want):
+                    g, w = np.asarray(g), np.asarray(w)
+                    assert g.shape == w.shape and g.dtype == w.dtype
+                    if g.dtype.kind in "iub":
+                        assert np.array_equal(g, w)
+                        continue
+                    scale = float(np.abs(w.astype(np.float64)).max(initial=0))
+                    assert float(np.abs(g.astype(np.float64) - w).max(initial=0)) <= rtol * scale + 1e-6
+
+
+@pytest.mark.parametrize("channels", [256, 257], ids=["just_inside", "past"])
+def test_pool_index_division_at_the_magic_bound(dev, channels):
+    """snippets/fast_div: n / d as the high word of n * magic is exact while n * d < 2^32 (the specs'
+    divMagicFits: count * outVolume < 2^32). A 1x1 MaxPool over 256 channels of 63 x 65 positions
+    divides every output index (up to 256 * 4095 - 1) by 4095, n * d up to just below 2^32; with 257
+    channels the bound fails and the template divides plainly. Every output must be its input."""
+    from onnx_quant.backend_wgpu.session import Session
+
+    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[1, 1])
+    model = _model([node], [_image_input(TensorProto.FLOAT, channels)], [_vi("y", TensorProto.FLOAT, None)], opset=19)
+    x = np.random.default_rng(13).standard_normal([1, channels, 63, 65]).astype(F32)
+    with Session(model, device=dev, allow_host_fallback=False) as sess:
+        (got,) = sess.run(None, {"x": x})
+        plan = next(p for p in sess.plans({"x": x.shape}) if p.kernel == "MaxPool")
+    assert plan.derived["divMagicFits"] == (x.size * 4095 < 2 ** 32)
+    assert np.array_equal(got.view(np.uint32), x.view(np.uint32))
