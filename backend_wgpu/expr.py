@@ -61,7 +61,7 @@ _TWO_PART = ("shapes", "ranks", "tunables", "attrs", "dtypes", "present", "value
 #: Function name -> (minimum, maximum or None) argument count.
 FUNCTIONS: dict[str, tuple[int, int | None]] = {
     "numel": (1, 3), "ceilDiv": (2, 2), "min": (1, None), "max": (1, None), "bits": (1, 1),
-    "slice": (2, 3), "lastNonUnit": (1, 1),
+    "slice": (2, 3), "lastNonUnit": (1, 1), "rowStrides": (1, 1), "resizeTables": (15, 15),
 }
 _BOOL_NAMES = {"true": True, "false": False}
 #: Identifiers a derived value may not be called.
@@ -669,6 +669,15 @@ class _Evaluator:
             if not isinstance(seq, tuple) or not all(_is_int(d) for d in seq):
                 raise self.fail(f"lastNonUnit() needs a list of ints, found {type_name(seq)}")
             return max((d for d, n in enumerate(seq) if n > 1), default=-1)
+        if fname == "rowStrides":  # the row-major strides of a shape: [numel(s, 1), numel(s, 2), ..., 1]
+            seq = args[0]
+            if not isinstance(seq, tuple) or not all(_is_int(d) for d in seq):
+                raise self.fail(f"rowStrides() needs a list of ints, found {type_name(seq)}")
+            return tuple(math.prod(seq[d + 1:]) for d in range(len(seq)))
+        if fname == "resizeTables":  # Resize's per-axis tap tables (backend_wgpu/resize_taps.py)
+            from onnx_quant.backend_wgpu.resize_taps import resize_tables  # noqa: PLC0415 - numpy
+
+            return _as_value(resize_tables(*args))
         if fname == "bits":
             name = args[0]
             if not isinstance(name, str):
@@ -697,6 +706,15 @@ class _Evaluator:
             if not _is_num(a):
                 raise self.fail(f"{fname}() needs numbers, found {type_name(a)}")
         return min(args) if fname == "min" else max(args)
+
+
+def _as_value(v: Any) -> Any:
+    """A Python result in the language's terms: lists as tuples, numpy scalars as numbers."""
+    if isinstance(v, (list, tuple)):
+        return tuple(_as_value(x) for x in v)
+    if hasattr(v, "item") and getattr(v, "shape", None) == ():
+        return v.item()
+    return v
 
 
 def evaluate(expr: Expr | str, env: Env) -> Any:
