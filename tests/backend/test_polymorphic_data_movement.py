@@ -1,5 +1,5 @@
 """Shape-polymorphic data movement (issue #11): Resize (tables as plan-time data), Split, Slice,
-BatchNormalization and ConstantOfShape compile their pipelines once: from a cold pipeline cache,
+Concat, QLinearConcat, BatchNormalization and ConstantOfShape compile their pipelines once: from a cold pipeline cache,
 a model planned at one shape and run at a second batch size and a new spatial size compiles
 nothing the second time, and both outputs agree with onnx.reference (bit for bit for the
 data movement and integer outputs). Plus the two plan-time helpers the kernels rely on: the
@@ -101,6 +101,15 @@ def _cases():
                        [_vi("x", TP.INT64, sym)], [_vi("y", TP.INT64, None)],
                        [_const("one", np.array([1], np.int64)), _const("three", np.array([3], np.int64)),
                         _const("four", np.array([4], np.int64))]), np.int64, True))
+    for dt, tp in ((np.float32, TP.FLOAT), (np.int64, TP.INT64), (np.uint8, TP.UINT8)):
+        out.append((f"Concat axis 1 {np.dtype(dt).name}", {"Concat"},
+                    _model([helper.make_node("Concat", ["x", "x2"], ["y"], axis=1)],
+                           [_vi("x", tp, sym), _vi("x2", tp, ["N", 2, "H", "W"])], [_vi("y", tp, None)]),
+                    dt, True))
+    out.append(("Concat spatial axis, three int8", {"Concat"},
+                _model([helper.make_node("Concat", ["x", "x2", "x3"], ["y"], axis=-1)],
+                       [_vi("x", TP.INT8, sym), _vi("x2", TP.INT8, ["N", 3, "H", 2]), _vi("x3", TP.INT8, sym)],
+                       [_vi("y", TP.INT8, None)]), np.int8, True))
     rng = np.random.default_rng(7)
     bn = [_const(n, v) for n, v in (("g", rng.uniform(0.5, 2, 3).astype(F32)), ("b", rng.normal(0, 1, 3).astype(F32)),
                                     ("m", rng.normal(0, 1, 3).astype(F32)), ("v", rng.uniform(0.5, 3, 3).astype(F32)))]
@@ -139,7 +148,10 @@ def test_a_second_batch_and_spatial_size_compile_nothing(dev, case):
     ref = ReferenceEvaluator(model)
     rng = np.random.default_rng(0)
     for i, shape in enumerate(case[5] if len(case) > 5 else SHAPES):
-        feeds = {"x": _data(rng, shape, dtype)}
+        feeds = {}
+        for inp in model.graph.input:  # symbolic dims take the case's shape, fixed ones stay
+            dims = inp.type.tensor_type.shape.dim
+            feeds[inp.name] = _data(rng, tuple(d.dim_value or shape[k] for k, d in enumerate(dims)), dtype)
         before = set(dev.pipelines._pipelines)
         got = sess.run(None, feeds)
         new = [dev.pipelines._pipelines[k].label for k in set(dev.pipelines._pipelines) - before]
@@ -226,3 +238,29 @@ def test_slice_map_flags_malformed_parameters():
     assert not slice_map((4, 5), (0,), (2,), (2,), ())[2]       # axis out of range
     assert not slice_map((4, 5), (0,), (2,), (0,), (0,))[2]     # step 0
     assert not slice_map((4, 5), (0, 1), (2,), (), ())[2]       # lengths differ
+
+
+def test_qlinear_concat_at_three_shapes_is_onnxruntime_bit_for_bit(dev):
+    """QLinearConcat (the per-input passes requantize) along the channels and along the width:
+    the later shapes compile nothing, every output onnxruntime's bits."""
+    from onnx_quant.backend_wgpu.session import Session
+    from conftest import onnxruntime_run
+
+    rng = np.random.default_rng(5)
+    inits = [_const(n, np.array(v, dt)) for n, v, dt in
+             [("ys", 0.05, F32), ("yz", 128, np.uint8), ("as", 0.04, F32), ("az", 120, np.uint8),
+              ("bs", 0.07, F32), ("bz", 131, np.uint8)]]
+    for axis in (1, 3):
+        node = helper.make_node("QLinearConcat", ["ys", "yz", "a", "as", "az", "b", "bs", "bz"], ["y"], axis=axis,
+                                domain="com.microsoft")
+        graph = helper.make_graph([node], "g", [_vi("a", TP.UINT8, ["N", 3, "H", "W"]), _vi("b", TP.UINT8, ["N", 3, "H", "W"])],
+                                  [_vi("y", TP.UINT8, None)], inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                        helper.make_opsetid("com.microsoft", 1)])
+        sess = Session(model, device=dev, allow_host_fallback=False)
+        dev.pipelines.forget()
+        for i, shape in enumerate(SHAPES):
+            feeds = {n: rng.integers(0, 256, shape, dtype=np.uint8) for n in "ab"}
+            got = sess.run(None, feeds)[0]
+            assert (sess.last_run_stats["pipelines_compiled"] > 0) == (i == 0), (axis, shape)
+            assert np.array_equal(got, onnxruntime_run(model, feeds)[0]), (axis, shape)
