@@ -82,6 +82,12 @@ def _cases():
                     _model([helper.make_node("Split", ["x", "sp"], ["a", "b"], axis=1)],
                            [_vi("x", tp, sym)], [_vi("a", tp, None), _vi("b", tp, None)],
                            [_const("sp", np.array([1, 2], np.int64))]), dt, True))
+    for dt, tp in ((np.float32, TP.FLOAT), (np.int64, TP.INT64)):  # runs of 64+ lanes: the rows variant
+        out.append((f"Split rows {np.dtype(dt).name}", {"Split"},
+                    _model([helper.make_node("Split", ["x", "sp"], ["a", "b", "c"], axis=1)],
+                           [_vi("x", tp, ["N", 4, "H", "W"])], [_vi(n, tp, None) for n in "abc"],
+                           [_const("sp", np.array([1, 2, 1], np.int64))]),
+                    dt, True, [(1, 4, 8, 10), (2, 4, 8, 10), (2, 4, 12, 9)], "rows"))
     out.append(("Split axis -2 in three", {"Split"},
                 _model([helper.make_node("Split", ["x"], ["a", "b", "c"], axis=-2, num_outputs=3)],
                        [_vi("x", TP.FLOAT, ["N", 3, 12, "W"])], [_vi(n, TP.FLOAT, None) for n in "abc"],
@@ -106,6 +112,12 @@ def _cases():
                     _model([helper.make_node("Concat", ["x", "x2"], ["y"], axis=1)],
                            [_vi("x", tp, sym), _vi("x2", tp, ["N", 2, "H", "W"])], [_vi("y", tp, None)]),
                     dt, True))
+    for dt, tp in ((np.float32, TP.FLOAT), (np.int64, TP.INT64)):  # runs of 64+ lanes: the rows variant
+        out.append((f"Concat rows {np.dtype(dt).name}", {"Concat"},
+                    _model([helper.make_node("Concat", ["x", "x2", "x3"], ["y"], axis=1)],
+                           [_vi("x", tp, ["N", 2, "H", "W"]), _vi("x2", tp, ["N", 1, "H", "W"]),
+                            _vi("x3", tp, ["N", 2, "H", "W"])], [_vi("y", tp, None)]),
+                    dt, True, [(1, 2, 8, 10), (2, 2, 8, 10), (2, 2, 12, 9)], "rows"))
     out.append(("Concat spatial axis, three int8", {"Concat"},
                 _model([helper.make_node("Concat", ["x", "x2", "x3"], ["y"], axis=-1)],
                        [_vi("x", TP.INT8, sym), _vi("x2", TP.INT8, ["N", 3, "H", 2]), _vi("x3", TP.INT8, sym)],
@@ -158,6 +170,8 @@ def test_a_second_batch_and_spatial_size_compile_nothing(dev, case):
         mine = [lab for lab in new if lab.split("/")[-3] in kernels]
         if i == 0:
             assert mine, f"{name}: the first shape compiled none of {kernels}: {new}"
+            if len(case) > 6:  # the variant the case is about
+                assert all(lab.split("/")[-2] == case[6] for lab in mine), mine
         else:
             assert not mine, f"{name}: shape {shape} compiled {mine}"
             assert sess.last_run_stats["pipelines_compiled"] == 0, new
