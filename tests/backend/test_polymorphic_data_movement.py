@@ -112,11 +112,10 @@ def _cases():
                     _model([helper.make_node("Concat", ["x", "x2"], ["y"], axis=1)],
                            [_vi("x", tp, sym), _vi("x2", tp, ["N", 2, "H", "W"])], [_vi("y", tp, None)]),
                     dt, True))
-    for dt, tp in ((np.float32, TP.FLOAT), (np.int64, TP.INT64)):  # runs of 64+ lanes: the rows variant
+    for dt, tp in ((np.float32, TP.FLOAT), (np.int64, TP.INT64)):  # 5 inputs, runs of 64+ lanes: rows
+        ins = [_vi("x", tp, ["N", 2, "H", "W"])] + [_vi(f"x{k}", tp, ["N", k % 2 + 1, "H", "W"]) for k in range(2, 6)]
         out.append((f"Concat rows {np.dtype(dt).name}", {"Concat"},
-                    _model([helper.make_node("Concat", ["x", "x2", "x3"], ["y"], axis=1)],
-                           [_vi("x", tp, ["N", 2, "H", "W"]), _vi("x2", tp, ["N", 1, "H", "W"]),
-                            _vi("x3", tp, ["N", 2, "H", "W"])], [_vi("y", tp, None)]),
+                    _model([helper.make_node("Concat", [i.name for i in ins], ["y"], axis=1)], ins, [_vi("y", tp, None)]),
                     dt, True, [(1, 2, 8, 10), (2, 2, 8, 10), (2, 2, 12, 9)], "rows"))
     out.append(("Concat spatial axis, three int8", {"Concat"},
                 _model([helper.make_node("Concat", ["x", "x2", "x3"], ["y"], axis=-1)],
