@@ -55,11 +55,11 @@ def _cases():
                     _model([helper.make_node("Resize", ["x", "", "s"], ["y"], mode="nearest",
                                              coordinate_transformation_mode="asymmetric", nearest_mode="floor")],
                            [_vi("x", tp, sym)], [_vi("y", tp, None)], [_const("s", np.array([1, 1, 2, 2], F32))]),
-                    dt, True))
+                    dt, True, SHAPES, "rows" if dt == np.float32 else "word_per_invocation"))
     out.append(("Resize linear half_pixel", {"Resize"},
                 _model([helper.make_node("Resize", ["x", "", "s"], ["y"], mode="linear")],
                        [_vi("x", TP.FLOAT, sym)], [_vi("y", TP.FLOAT, None)],
-                       [_const("s", np.array([1, 1, 1.5, 0.5], F32))]), np.float32, False))
+                       [_const("s", np.array([1, 1, 1.5, 0.5], F32))]), np.float32, False, SHAPES, "rows"))
     out.append(("Resize cubic tf_crop_and_resize", {"Resize"},
                 _model([helper.make_node("Resize", ["x", "roi", "s"], ["y"], mode="cubic",
                                          coordinate_transformation_mode="tf_crop_and_resize", extrapolation_value=2.5)],
