@@ -55,11 +55,17 @@ def _cases():
                     _model([helper.make_node("Resize", ["x", "", "s"], ["y"], mode="nearest",
                                              coordinate_transformation_mode="asymmetric", nearest_mode="floor")],
                            [_vi("x", tp, sym)], [_vi("y", tp, None)], [_const("s", np.array([1, 1, 2, 2], F32))]),
-                    dt, True, SHAPES, "rows" if dt == np.float32 else "word_per_invocation"))
+                    dt, True, SHAPES, "word_per_invocation"))
     out.append(("Resize linear half_pixel", {"Resize"},
                 _model([helper.make_node("Resize", ["x", "", "s"], ["y"], mode="linear")],
                        [_vi("x", TP.FLOAT, sym)], [_vi("y", TP.FLOAT, None)],
-                       [_const("s", np.array([1, 1, 1.5, 0.5], F32))]), np.float32, False, SHAPES, "rows"))
+                       [_const("s", np.array([1, 1, 1.5, 0.5], F32))]), np.float32, False))
+    for mode in ("nearest", "linear"):  # output rows of a workgroup or more: the rows variant
+        out.append((f"Resize rows {mode}", {"Resize"},
+                    _model([helper.make_node("Resize", ["x", "", "s"], ["y"], mode=mode)],
+                           [_vi("x", TP.FLOAT, sym)], [_vi("y", TP.FLOAT, None)],
+                           [_const("s", np.array([1, 1, 2, 2], F32))]), np.float32, mode == "nearest",
+                    [(1, 2, 3, 130), (2, 2, 3, 130), (2, 2, 4, 129)], "rows"))
     out.append(("Resize cubic tf_crop_and_resize", {"Resize"},
                 _model([helper.make_node("Resize", ["x", "roi", "s"], ["y"], mode="cubic",
                                          coordinate_transformation_mode="tf_crop_and_resize", extrapolation_value=2.5)],
@@ -82,12 +88,12 @@ def _cases():
                     _model([helper.make_node("Split", ["x", "sp"], ["a", "b"], axis=1)],
                            [_vi("x", tp, sym)], [_vi("a", tp, None), _vi("b", tp, None)],
                            [_const("sp", np.array([1, 2], np.int64))]), dt, True))
-    for dt, tp in ((np.float32, TP.FLOAT), (np.int64, TP.INT64)):  # runs of 64+ lanes: the rows variant
+    for dt, tp in ((np.float32, TP.FLOAT), (np.int64, TP.INT64)):  # runs of a workgroup or more: rows
         out.append((f"Split rows {np.dtype(dt).name}", {"Split"},
                     _model([helper.make_node("Split", ["x", "sp"], ["a", "b", "c"], axis=1)],
                            [_vi("x", tp, ["N", 4, "H", "W"])], [_vi(n, tp, None) for n in "abc"],
                            [_const("sp", np.array([1, 2, 1], np.int64))]),
-                    dt, True, [(1, 4, 8, 10), (2, 4, 8, 10), (2, 4, 12, 9)], "rows"))
+                    dt, True, [(1, 4, 16, 20), (2, 4, 16, 20), (2, 4, 18, 17)], "rows"))
     out.append(("Split axis -2 in three", {"Split"},
                 _model([helper.make_node("Split", ["x"], ["a", "b", "c"], axis=-2, num_outputs=3)],
                        [_vi("x", TP.FLOAT, ["N", 3, 12, "W"])], [_vi(n, TP.FLOAT, None) for n in "abc"],
@@ -112,11 +118,11 @@ def _cases():
                     _model([helper.make_node("Concat", ["x", "x2"], ["y"], axis=1)],
                            [_vi("x", tp, sym), _vi("x2", tp, ["N", 2, "H", "W"])], [_vi("y", tp, None)]),
                     dt, True))
-    for dt, tp in ((np.float32, TP.FLOAT), (np.int64, TP.INT64)):  # 5 inputs, runs of 64+ lanes: rows
+    for dt, tp in ((np.float32, TP.FLOAT), (np.int64, TP.INT64)):  # 5 inputs, runs of a workgroup+: rows
         ins = [_vi("x", tp, ["N", 2, "H", "W"])] + [_vi(f"x{k}", tp, ["N", k % 2 + 1, "H", "W"]) for k in range(2, 6)]
         out.append((f"Concat rows {np.dtype(dt).name}", {"Concat"},
                     _model([helper.make_node("Concat", [i.name for i in ins], ["y"], axis=1)], ins, [_vi("y", tp, None)]),
-                    dt, True, [(1, 2, 8, 10), (2, 2, 8, 10), (2, 2, 12, 9)], "rows"))
+                    dt, True, [(1, 2, 16, 20), (2, 2, 16, 20), (2, 2, 18, 17)], "rows"))
     out.append(("Concat spatial axis, three int8", {"Concat"},
                 _model([helper.make_node("Concat", ["x", "x2", "x3"], ["y"], axis=-1)],
                        [_vi("x", TP.INT8, sym), _vi("x2", TP.INT8, ["N", 3, "H", 2]), _vi("x3", TP.INT8, sym)],
@@ -124,9 +130,12 @@ def _cases():
     rng = np.random.default_rng(7)
     bn = [_const(n, v) for n, v in (("g", rng.uniform(0.5, 2, 3).astype(F32)), ("b", rng.normal(0, 1, 3).astype(F32)),
                                     ("m", rng.normal(0, 1, 3).astype(F32)), ("v", rng.uniform(0.5, 3, 3).astype(F32)))]
-    out.append(("BatchNormalization", {"BatchNormalization"},
-                _model([helper.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["y"])],
-                       [_vi("x", TP.FLOAT, sym)], [_vi("y", TP.FLOAT, None)], bn), np.float32, False))
+    for name, shapes, variant in (("BatchNormalization", SHAPES, "word_per_invocation"),
+                                  ("BatchNormalization rows", [(1, 3, 16, 16), (2, 3, 16, 16), (2, 3, 17, 16)], "rows")):
+        out.append((name, {"BatchNormalization"},
+                    _model([helper.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["y"])],
+                           [_vi("x", TP.FLOAT, sym)], [_vi("y", TP.FLOAT, None)], bn), np.float32, False, shapes,
+                    variant))
     out.append(("ConstantOfShape of Shape", {"ConstantOfShape"},
                 _model([helper.make_node("Shape", ["x"], ["shp"]),
                         helper.make_node("ConstantOfShape", ["shp"], ["c"],
@@ -143,7 +152,7 @@ def _check(name, got, want, exact):
     assert got.shape == want.shape and got.dtype == want.dtype, name
     if exact:
         assert np.ascontiguousarray(got).tobytes() == np.ascontiguousarray(want).tobytes(), name  # the bits
-    elif name == "BatchNormalization":  # float32 with a correctly rounded division: within 2^-21
+    elif name.startswith("BatchNormalization"):  # float32 with a correctly rounded division: within 2^-21
         np.testing.assert_allclose(got, want, rtol=2.0 ** -21, atol=2.0 ** -21 * np.abs(want).max())
     else:  # a float32 sum of the taps against the reference's float64 one
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
