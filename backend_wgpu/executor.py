@@ -129,6 +129,8 @@ def prepare(device, plan: KernelPlan, *, node: str = "") -> PreparedPlan:
                 device.upload(buf, data)
         else:
             buf = device.allocate(b.byte_size, label=label)
+            if b.role == "data":  # plan-time data (a spec intermediate's `data`): written once
+                device.upload(buf, bytes(b.data))
         buffers[name] = buf
     steps = []
     for p in plan.passes:
@@ -315,7 +317,8 @@ class RootValue:
 class GpuStep:
     """One node run by its kernel: the plan and, per BufferPlan name, where its buffer is:
     ``("value", root)``, ``("scratch", key)`` (pooled), ``("kept", key)`` (scratch a hoisted pass
-    writes: a buffer of its own for the plan's life), ``("absent", k)`` or ``("uniform", offset, size)``."""
+    writes: a buffer of its own for the plan's life), ``("data", key)`` (plan-time data: a buffer of its own,
+    written once), ``("absent", k)`` or ``("uniform", offset, size)``."""
 
     index: int
     label: str
@@ -572,6 +575,13 @@ def prepare_graph(device, gplan: GraphPlan, res: SessionResources, constants: Ma
                     once_buffers[where[1]] = res.allocate(max(4, step.plan.buffers[bname].byte_size),
                                                           label=f"kept {step.label}/{bname}")
                     created.append(once_buffers[where[1]])
+                return once_buffers[where[1]], 0
+            if kind == "data":  # plan-time data: a buffer of its own, written once
+                if where[1] not in once_buffers:
+                    once_buffers[where[1]] = res.allocate(max(4, step.plan.buffers[bname].byte_size),
+                                                          label=f"data {step.label}/{bname}")
+                    created.append(once_buffers[where[1]])
+                    res.upload(once_buffers[where[1]], bytes(step.plan.buffers[bname].data))
                 return once_buffers[where[1]], 0
             if kind == "absent":
                 return res.zero_buffer(where[1]), 0

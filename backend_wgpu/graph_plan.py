@@ -461,6 +461,8 @@ def _step_buffers(info: NodeInfo, plan: Any, root_of: Callable[[str], str], root
             where[bname] = ("value", node.output[list(spec.outputs).index(bname)])
         elif bp.role == "intermediate":
             where[bname] = ("scratch", (info.index, bname))
+        elif bp.role == "data":
+            where[bname] = ("data", (info.index, bname))
         elif bp.role == "absent":
             where[bname] = ("absent", absent)
             absent += 1

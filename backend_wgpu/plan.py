@@ -15,7 +15,8 @@ class BufferPlan:
     """A device buffer used by a node's passes.
 
     ``role`` is ``"input"``/``"output"`` (a node tensor, by the spec's input/output name),
-    ``"intermediate"`` (allocated per plan) or ``"uniform"`` (one per pass, contents in
+    ``"intermediate"`` (allocated per plan), ``"data"`` (an intermediate whose contents, ``data``,
+    the planner computed: written once per plan) or ``"uniform"`` (one per pass, contents in
     ``data``, laid out by WGSL uniform rules). ``onnx_type`` and ``shape`` describe the
     tensor a storage buffer holds (sub-32-bit types packed little-endian in u32 words);
     ``byte_size`` is the allocation size, a multiple of 4 and at least 4.

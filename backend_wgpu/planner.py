@@ -394,7 +394,12 @@ def plan_node(
         if not isinstance(s, tuple) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in s):
             raise ExpressionError(f"{vwhere}: intermediates.{inter.id}.shape: must be a list of non-negative "
                                   f"ints, found {s!r}")
-        buffers[inter.id] = BufferPlan(inter.id, "intermediate", packed_byte_size(dt, math.prod(s)), dt, s)
+        size = packed_byte_size(dt, math.prod(s))
+        if inter.data is None:
+            buffers[inter.id] = BufferPlan(inter.id, "intermediate", size, dt, s)
+        else:
+            buffers[inter.id] = BufferPlan(inter.id, "data", size, dt, s,
+                                           _plan_data(inter, env_v, vwhere, size))
         tensor_types[inter.id] = dt
     for b in buffers.values():
         if b.byte_size > storage_limit:
@@ -416,6 +421,20 @@ def plan_node(
         when=tuple(c.text for c in chosen.when),
         decided_by=_decided_by(spec, chosen, ranked, selection), tunables=tun, attrs=attrs,
     )
+
+
+def _plan_data(inter: Any, env: Env, where: str, size: int) -> bytes:
+    """The contents of a plan-time data intermediate: its ``data`` expression's u32 words, zero-padded
+    to the buffer's size."""
+    fld = f"intermediates.{inter.id}.data"
+    words = _eval(inter.data, env, where, fld)
+    if not isinstance(words, tuple) or not all(isinstance(w, int) and not isinstance(w, bool) and 0 <= w < 2 ** 32
+                                               for w in words):
+        raise ExpressionError(f"{where}: {fld}: must be a list of u32 words (ints in [0, 2^32)), found "
+                              f"{type(words).__name__}")
+    if 4 * len(words) > size:
+        raise ExpressionError(f"{where}: {fld}: {len(words)} words do not fit the intermediate's {size} bytes")
+    return np.asarray(words, "<u4").tobytes() + b"\0" * (size - 4 * len(words))
 
 
 #: elements a constant input may have: its contents are read on the host and baked into the

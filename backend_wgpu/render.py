@@ -14,10 +14,10 @@ Templates get these globals: ``oq_fail(message)`` (fail the render naming the pr
 ``oq_value_lanes(value, dtype)`` (the device lanes of one value of an element type: a constant
 a kernel writes, e.g. ConstantOfShape's value, EyeLike's one), ``oq_rounded(value, dtype)`` (a
 Python float rounded to an element type, for plan-time arithmetic that must follow a
-reference computing in that type), and ``oq_resize_axes``, ``oq_tap_table`` and
-``oq_saturated_words`` (``resize_taps.py``): Resize's per-axis tables, computed in float64 as
-onnx.reference does; ``oq_einsum(equation, shapes)`` (``einsum.py``): an Einsum equation's labels,
-sizes and summed labels; ``oq_json(text)``: a JSON attribute parsed (FusedElementwise's steps).
+reference computing in that type), ``oq_saturated_words`` (``resize_taps.py``): a value as
+onnx.reference's saturate_cast writes it into an element type (Resize's extrapolation value);
+``oq_einsum(equation, shapes)`` (``einsum.py``): an Einsum equation's labels, sizes and summed
+labels; ``oq_json(text)``: a JSON attribute parsed (FusedElementwise's steps).
 ``{{ x | u32 }}`` writes a WGSL u32 (``123u``, or the uniform read of a runtime uniform:
 backend_wgpu/uniforms.py, whose guards fail a render that uses one at Jinja level);
 :func:`pipeline_key` keys a pass's pipeline before rendering.
@@ -88,8 +88,6 @@ def environment() -> jinja2.Environment:
     env.globals["oq_fail"] = _fail
     env.globals["oq_value_lanes"] = _value_lanes
     env.globals["oq_rounded"] = _rounded
-    env.globals["oq_resize_axes"] = resize_taps.resize_axes
-    env.globals["oq_tap_table"] = resize_taps.tap_table
     env.globals["oq_saturated_words"] = resize_taps.saturated_words
     env.globals["oq_einsum"] = einsum_plan
     env.globals["oq_json"] = json.loads

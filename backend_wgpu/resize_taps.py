@@ -2,8 +2,9 @@
 
 Resize (and Upsample) is separable: along each resized axis, output coordinate ``y`` reads a
 few input coordinates (the taps) with weights that depend only on ``y``, the axis' sizes, the
-scale and the attributes. A first pass (``templates/resize-tables.wgsl.jinja``) writes these
-per-axis tables into a buffer (``tap_table``: constants in its source), and the main pass
+scale and the attributes. These per-axis tables (``tap_table``) are plan-time data: the
+expression function ``resizeTables`` (:func:`resize_tables`) gives them to the spec, whose
+``tables`` intermediate holds them (uploaded once per plan), and the shader
 (``resize.wgsl.jinja``) sums ``prod(weights) * x`` over the taps of every resized axis.
 
 The tables are computed here in float64, expression for expression as ``onnx.reference``'s
@@ -29,7 +30,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["AxisTaps", "TapTable", "resize_axes", "saturated_words", "tap_table"]
+__all__ = ["AxisTaps", "TapTable", "resize_axes", "resize_tables", "saturated_words", "tap_table"]
 
 
 @dataclass(frozen=True)
@@ -282,3 +283,28 @@ def tap_table(taps: Sequence[AxisTaps], in_shape: Sequence[int], nearest: bool) 
             words += [int(o) for o in t.outside]
     return TapTable(tuple(words), index, weight, outside)
 
+
+
+def resize_tables(in_shape: Sequence[int], out_shape: Sequence[int], mode: str, ctm: str, nearest_mode: str,
+                  cubic_a: float, exclude_outside: int, antialias: int, policy: str, axes: Sequence[int],
+                  legacy: bool, scales: Sequence[float], sizes: Sequence[int], roi: Sequence[float],
+                  roi_dtype: str) -> tuple:
+    """The expression function ``resizeTables(...)`` (Resize's and Upsample's derive): the tables of
+    every resized axis as plan-time data, and what the main pass's source needs of them, apart:
+    ``(axes, offsets, words, word count, ok)``, ``axes`` the structure the shader is specialised on (per
+    resized axis: (axis, taps, has weights, has outside flags), all ints: constants, in the
+    pipeline key), ``offsets`` where its parts start in ``words`` (per resized axis: (index,
+    weight, outside), 0 where absent: runtime uniforms), ``words`` the u32 table (the ``data`` of
+    the ``tables`` intermediate); ``ok`` is false when the settings give no tables (an unknown
+    mode, a size the scales do not give): the spec's when clauses decline those."""
+    try:
+        taps = resize_axes(in_shape, out_shape, mode=mode, scales=scales, sizes=sizes, roi=roi, roi_dtype=roi_dtype,
+                           axes=axes, coordinate_transformation_mode=ctm, nearest_mode=nearest_mode,
+                           cubic_coeff_a=cubic_a, exclude_outside=exclude_outside, antialias=antialias,
+                           keep_aspect_ratio_policy=policy, legacy=legacy)
+        table = tap_table(taps, in_shape, mode == "nearest")
+    except (ValueError, ZeroDivisionError, IndexError, TypeError, OverflowError):
+        return ((), (), (), 0, False)
+    shape = tuple((t.axis, t.taps, int(t.axis in table.weight), int(t.axis in table.outside)) for t in taps)
+    offsets = tuple((table.index[t.axis], table.weight.get(t.axis, 0), table.outside.get(t.axis, 0)) for t in taps)
+    return (shape, offsets, tuple(table.words), len(table.words), True)

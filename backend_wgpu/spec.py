@@ -207,11 +207,14 @@ class PassBinding:
 @dataclass(frozen=True)
 class Intermediate:
     """A scratch tensor allocated per plan: ``dtype`` (an element type or a
-    typeConstraints name) and ``shape`` (an expression or a list of values)."""
+    typeConstraints name) and ``shape`` (an expression or a list of values); with ``data``
+    (an expression giving its contents as a list of ints, u32 words) it is plan-time data:
+    written once per plan, read by the passes (tables a size decides, kept out of the source)."""
 
     id: str
     dtype: str
     shape: Expr | tuple[Value, ...]
+    data: Expr | None = None
 
 
 @dataclass(frozen=True)
@@ -295,7 +298,7 @@ _TUNABLE_KEYS = {"default", "description"}
 _BINDING_KEYS = {"name", "elementType", "length", "buffer", "struct"}
 _MEMBER_KEYS = {"name", "type", "value"}
 _VARIANT_KEYS = {"id", "priority", "when", "derive", "intermediates", "passes", "description"}
-_INTERMEDIATE_KEYS = {"id", "dtype", "shape"}
+_INTERMEDIATE_KEYS = {"id", "dtype", "shape", "data"}
 _PASS_KEYS = {"id", "name", "shader", "derive", "bindings", "dispatch", "description", "uniforms"}
 _ARG_KEYS = {"arg", "elementType", "length", "buffer"}
 _INLINE_STRUCT_KEYS = {"name", "struct", "buffer"}
@@ -810,7 +813,7 @@ class _Loader:
         inter_roles: dict[str, str] = {}
         for ii, idecl in enumerate(self.array(d.get("intermediates", []), f"{fld}.intermediates")):
             f = f"{fld}.intermediates[{ii}]"
-            idd = self.obj(idecl, f, _INTERMEDIATE_KEYS, _INTERMEDIATE_KEYS)
+            idd = self.obj(idecl, f, _INTERMEDIATE_KEYS, _INTERMEDIATE_KEYS - {"data"})
             iid = self.ident(idd["id"], f"{f}.id", "intermediate id")
             if iid in io_raw:
                 raise self.err(f"{f}.id", f"{iid!r} is already an input/output name")
@@ -820,7 +823,8 @@ class _Loader:
             if dt not in DTYPES_BY_NAME and dt not in constraints:
                 raise self.err(f"{f}.dtype", f"{dt!r} is neither an element type nor a typeConstraints name"
                                              f"{suggest(dt, list(DTYPES_BY_NAME) + list(constraints))}")
-            intermediates.append(Intermediate(iid, dt, self.shape_value(idd["shape"], f"{f}.shape", vscope)))
+            data = self.expr(idd["data"], f"{f}.data", vscope) if "data" in idd else None
+            intermediates.append(Intermediate(iid, dt, self.shape_value(idd["shape"], f"{f}.shape", vscope), data))
             inter_roles[iid] = "intermediate"
 
         roles = {n: ("input" if s == "inputs" else "output") for n, (s, _) in io_raw.items()}

@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from onnx_quant import exported_models as em
 from conftest import onnxruntime_run
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 FLOAT_RTOL = 1e-4
 STATIC_RTOL = 2e-2
@@ -52,20 +56,13 @@ def _onnxruntime(model, feeds, optimized):
                            threads=1 if one_thread else None)
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_exported_model_on_the_gpu_matches_onnxruntime(best, case):
-    from onnx_quant.backend_wgpu.session import Session
+#: pipelines a variant still compiles at a shape change (exported_models.SHAPE_CHANGES), per change:
+#: the kernels whose templates need those sizes as constants
+STILL_COMPILES: dict[str, dict[str, set[str]]] = {}
 
-    model, feeds = _model(case)
-    host = HOST.get(case, set())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with Session(model, device=best, allow_host_fallback=bool(host)) as s:
-            got = s.run(None, feeds)
-            ran_on_host = {re.sub(r".*\((.*)\)$", r"\1", h) for h in s.host_nodes}
-    assert ran_on_host == host, ran_on_host
+
+def _check(case, got, want):
     quantized = case.endswith(("-qoperator", "-qdq"))
-    want = _onnxruntime(model, feeds, optimized=case.endswith("-qdq"))
     rtol = STATIC_RTOL if quantized else FLOAT_RTOL
     for g, w in zip(got, want):
         g, w = np.asarray(g), np.asarray(w)
@@ -75,3 +72,35 @@ def test_exported_model_on_the_gpu_matches_onnxruntime(best, case):
             continue
         scale = float(np.abs(w.astype(np.float64)).max(initial=0))
         assert float(np.abs(g.astype(np.float64) - w).max(initial=0)) <= rtol * scale + 1e-6
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_exported_model_on_the_gpu_matches_onnxruntime(best, case):
+    """At the model's run shapes, then at a second batch size and at a new image size / sequence
+    length (SHAPE_CHANGES), in one session: every output agrees with onnxruntime, and a shape change
+    asks for no pipeline the first shape's run did not (issue #11: shape-polymorphic pipelines)."""
+    from onnx_quant.backend_wgpu.session import Session
+    from bench_models import _pipeline_requests
+
+    model, feeds = _model(case)
+    name = case.rsplit("-", 1)[0]
+    host = HOST.get(case, set())
+    optimized = case.endswith("-qdq")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Session(model, device=best, allow_host_fallback=bool(host)) as s:
+            with _pipeline_requests(best) as first:
+                got = s.run(None, feeds)
+            ran_on_host = {re.sub(r".*\((.*)\)$", r"\1", h) for h in s.host_nodes}
+            assert ran_on_host == host, ran_on_host
+            _check(case, got, _onnxruntime(model, feeds, optimized))
+            labels = {id(p): p.label.split("/", 1)[-1] for p in best.pipelines._pipelines.values()}
+            for change, shapes in em.SHAPE_CHANGES[name].items():
+                changed = em.feeds(model, shapes, seed=2)
+                with _pipeline_requests(best) as used:
+                    got = s.run(None, changed)
+                _check(case, got, _onnxruntime(model, changed, optimized))
+                labels.update({id(p): p.label.split("/", 1)[-1] for p in best.pipelines._pipelines.values()})
+                compiled = {labels.get(k, "?").split("/")[0] for k in used - first}
+                allowed = STILL_COMPILES.get(case, {}).get(change, set())
+                assert compiled <= allowed, f"a new {change} compiles {sorted(compiled - allowed)}"

@@ -491,7 +491,9 @@ def test_transpose(best, dtype):
 def test_concat(best, dtype):
     cases = [([(2, 3, 5), (2, 1, 5), (2, 4, 5)], 1), ([(3, 1), (3, 2), (3, 3)], -1), ([(1, 3), (2, 3)], 0),
              ([(2, 2, 3), (2, 2, 1), (2, 2, 2), (2, 2, 5), (2, 2, 1)], 2), ([(7,)], 0), ([(2, 3)] * 8, 1),
-             ([(2, 0, 3), (2, 2, 3)], 1), ([(1, 1), (1, 1), (1, 1)], 1), ([(3, 2), (1, 2), (2, 2), (5, 2)], 0)]
+             ([(2, 0, 3), (2, 2, 3)], 1), ([(1, 1), (1, 1), (1, 1)], 1), ([(3, 2), (1, 2), (2, 2), (5, 2)], 0),
+             # runs along the axis of at least a workgroup's lanes: the rows variant (32/64-bit types)
+             ([(2, 1, 260), (2, 2, 260)], 1)]
     for k, (shapes, axis) in enumerate(cases):
         xs = [data(s, dtype, 10 * k + i) for i, s in enumerate(shapes)]
         if dtype == np.int64:  # both words of each element: the high ones too

@@ -344,12 +344,13 @@ def test_exported_models_compile_no_conv_or_pool_at_a_new_image_or_batch_size(de
                     assert float(np.abs(g.astype(np.float64) - w).max(initial=0)) <= rtol * scale + 1e-6
 
 
-@pytest.mark.parametrize("channels", [256, 257], ids=["just_inside", "past"])
-def test_pool_index_division_at_the_magic_bound(dev, channels):
-    """snippets/fast_div: n / d as the high word of n * magic is exact while n * d < 2^32 (the specs'
-    divMagicFits: count * outVolume < 2^32). A 1x1 MaxPool over 256 channels of 63 x 65 positions
-    divides every output index (up to 256 * 4095 - 1) by 4095, n * d up to just below 2^32; with 257
-    channels the bound fails and the template divides plainly. Every output must be its input."""
+@pytest.mark.parametrize("channels", [256, 257])
+def test_pool_index_division_by_a_runtime_size_is_exact(dev, channels):
+    """snippets/fast_div: n / d through d's divMagic pair, (mulhi(n, m) + n) >> l, is exact for every
+    n below 2^31 (the specs' divMagicFits: the element count below 2^31; past it the template divides
+    plainly). A 1x1 MaxPool over 63 x 65 positions divides every output index (up to 257 * 4095 - 1)
+    by 4095, a runtime size that is not a power of two. Every output must be its input."""
+    from onnx_quant.backend_wgpu.expr import div_magic
     from onnx_quant.backend_wgpu.session import Session
 
     node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[1, 1])
@@ -358,5 +359,6 @@ def test_pool_index_division_at_the_magic_bound(dev, channels):
     with Session(model, device=dev, allow_host_fallback=False) as sess:
         (got,) = sess.run(None, {"x": x})
         plan = next(p for p in sess.plans({"x": x.shape}) if p.kernel == "MaxPool")
-    assert plan.derived["divMagicFits"] == (x.size * 4095 < 2 ** 32)
+    assert plan.derived["divMagicFits"] is True
+    assert tuple(plan.derived["outVolumeMagic"]) == div_magic(63 * 65)
     assert np.array_equal(got.view(np.uint32), x.view(np.uint32))

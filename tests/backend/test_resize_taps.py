@@ -14,7 +14,7 @@ import pytest
 from onnx_quant.backend_wgpu.device_info import DeviceInfo
 from onnx_quant.backend_wgpu.planner import plan_node
 from onnx_quant.backend_wgpu.render import render
-from onnx_quant.backend_wgpu.resize_taps import resize_axes
+from onnx_quant.backend_wgpu.resize_taps import resize_axes, tap_table
 from onnx_quant.backend_wgpu.spec import load_specs
 from onnx_quant.errors import KernelRejected
 
@@ -89,16 +89,22 @@ def _plan(values, attrs, dtype="float32", opset=19, x=(1, 1, 4, 4), y=(1, 1, 8, 
                                                for k, v in values.items()})
 
 
-def test_plan_reads_scales_and_sizes_and_renders_the_tables():
+def test_plan_reads_scales_and_sizes_and_holds_the_tables_as_data():
     # 4x4 -> 8x8: two resized axes of 8 output coordinates
     p = _plan({"scales": [1, 1, 2, 2]}, {"mode": "linear"})
-    tables, main = (render(pp) for pp in p.passes)
-    assert tables.count("] = vec4<u32>(") == 2 * (8 * 2 + 8 * 2) // 4  # offsets and weights, 2 taps each
-    assert "oq_weight(" in main and "load_x(o2)" in main  # the first resized axis innermost
+    (main,) = p.passes
+    tables = p.buffers["tables"]
+    assert tables.role == "data"
+    words = np.frombuffer(tables.data, "<u4")
+    assert p.derived["tableWords"] == 2 * (8 * 2 + 8 * 2)  # offsets and weights, 2 taps each
+    taps = resize_axes((1, 1, 4, 4), (1, 1, 8, 8), mode="linear", scales=[1, 1, 2, 2])
+    assert words[:p.derived["tableWords"]].tolist() == list(tap_table(taps, (1, 1, 4, 4), False).words)
+    text = render(main)
+    assert "oq_weight(" in text and "load_x(o2)" in text  # the first resized axis innermost
+    assert "vec4<u32>(" not in text  # no table in the source
     p = _plan({"sizes": [1, 1, 8, 8]}, {"mode": "nearest"}, dtype="int64")
-    tables, main = (render(pp) for pp in p.passes)
-    assert tables.count("] = vec4<u32>(") == 2 * 8 // 4  # nearest: one offset per coordinate, no weights
-    assert "load_x(src, l % 2u)" in main  # int64: two lanes per element
+    assert p.derived["tableWords"] == 2 * 8  # nearest: one offset per coordinate, no weights
+    assert "load_x(src, l % 2u)" in render(p.passes[0])  # int64: two lanes per element
 
 
 @pytest.mark.parametrize("values,attrs,dtype,clause", [
@@ -125,8 +131,8 @@ def test_a_constant_input_without_its_value_declines():
                   attributes={"mode": "linear"})
 
 
-def test_tables_beyond_the_compile_budget_decline():
-    # cubic to 5000 columns: 9 * 5000 table words bound, beyond TABLE_WORDS_MAX (16384)
+def test_tables_beyond_the_data_budget_decline():
+    # cubic to 5000 columns: 4 taps * 2 words * 5000 + 8 * 8 table words, beyond TABLE_WORDS_MAX (16384)
     with pytest.raises(KernelRejected, match="tablesFit"):
         _plan({"sizes": [1, 1, 8, 5000]}, {"mode": "cubic"}, y=(1, 1, 8, 5000))
     assert _plan({"sizes": [1, 1, 8, 5000]}, {"mode": "nearest"}, y=(1, 1, 8, 5000)).variant  # 3 * 5000
