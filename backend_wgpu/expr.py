@@ -61,7 +61,7 @@ _TWO_PART = ("shapes", "ranks", "tunables", "attrs", "dtypes", "present", "value
 #: Function name -> (minimum, maximum or None) argument count.
 FUNCTIONS: dict[str, tuple[int, int | None]] = {
     "numel": (1, 3), "ceilDiv": (2, 2), "min": (1, None), "max": (1, None), "bits": (1, 1),
-    "slice": (2, 3), "lastNonUnit": (1, 1), "rowStrides": (1, 1), "sliceMap": (5, 5), "divMagic": (1, 1), "resizeTables": (15, 15),
+    "slice": (2, 3), "lastNonUnit": (1, 1), "rowStrides": (1, 1), "broadcastStrides": (2, 2), "sliceMap": (5, 5), "divMagic": (1, 1), "resizeTables": (15, 15),
 }
 _BOOL_NAMES = {"true": True, "false": False}
 #: Identifiers a derived value may not be called.
@@ -674,6 +674,13 @@ class _Evaluator:
             if not isinstance(seq, tuple) or not all(_is_int(d) for d in seq):
                 raise self.fail(f"rowStrides() needs a list of ints, found {type_name(seq)}")
             return tuple(math.prod(seq[d + 1:]) for d in range(len(seq)))
+        if fname == "broadcastStrides":  # the input's strides per output axis, 0 where it broadcasts
+            ins, outs = args
+            if not all(isinstance(s, tuple) and all(_is_int(d) for d in s) for s in (ins, outs)) or len(ins) > len(outs):
+                raise self.fail(f"broadcastStrides() needs two lists of ints, the first no longer, found {ins!r}, {outs!r}")
+            off = len(outs) - len(ins)
+            row = tuple(math.prod(ins[d + 1:]) for d in range(len(ins)))
+            return tuple(0 if d < off or ins[d - off] == 1 else row[d - off] for d in range(len(outs)))
         if fname == "divMagic":
             x = args[0]
             if _is_int(x) and 0 <= x < 2 ** 31:

@@ -127,6 +127,18 @@ def _cases():
                 _model([helper.make_node("Concat", ["x", "x2", "x3"], ["y"], axis=-1)],
                        [_vi("x", TP.INT8, sym), _vi("x2", TP.INT8, ["N", 3, "H", 2]), _vi("x3", TP.INT8, sym)],
                        [_vi("y", TP.INT8, None)]), np.int8, True))
+    # Expand to a shape computed from the input's (YOLO's grids): a broadcast [1, 3, 1, W] and a
+    # leading axis added; int64 (two lanes) and float16
+    for dt, tp in ((np.int64, TP.INT64), (np.float16, TP.FLOAT16)):
+        out.append((f"Expand from Shape {np.dtype(dt).name}", {"Expand"},
+                    _model([helper.make_node("Shape", ["x"], ["shp"]),
+                            helper.make_node("Concat", ["two", "shp"], ["big"], axis=0),
+                            helper.make_node("Slice", ["x", "z", "one", "hax"], ["row"]),
+                            helper.make_node("Expand", ["row", "big"], ["y"])],
+                           [_vi("x", tp, sym)], [_vi("y", tp, None)],
+                           [_const("two", np.array([2], np.int64)), _const("z", np.array([0], np.int64)),
+                            _const("one", np.array([1], np.int64)), _const("hax", np.array([2], np.int64))]),
+                    dt, True))
     rng = np.random.default_rng(7)
     bn = [_const(n, v) for n, v in (("g", rng.uniform(0.5, 2, 3).astype(F32)), ("b", rng.normal(0, 1, 3).astype(F32)),
                                     ("m", rng.normal(0, 1, 3).astype(F32)), ("v", rng.uniform(0.5, 3, 3).astype(F32)))]
