@@ -7,7 +7,10 @@ needs the host for (then with fallback, those exactly); every variant runs (the 
 com.microsoft DynamicQuantizeLSTM has a GPU kernel). Agreement: ``max|diff| <= rtol * max|expected|`` with ``FLOAT_RTOL`` for float and dynamic forms
 (float32 sums in another order; the dynamic forms' integer parts are exact) and ``STATIC_RTOL`` for
 QOperator and QDQ (a requantization that lands on a rounding boundary may move one element a
-quantization step; QDQ runs fused, as optimized onnxruntime does, and is compared with it).
+quantization step; QDQ runs fused, as optimized onnxruntime does, and is compared with it). Each variant then runs in
+the same session at a second batch size and at a new image size / sequence length / audio length
+(``exported_models.SHAPE_CHANGES``): the outputs agree with onnxruntime there too, and a shape change
+asks for no pipeline the first run did not (issue #11), but for :data:`STILL_COMPILES`.
 """
 
 from __future__ import annotations
@@ -56,9 +59,11 @@ def _onnxruntime(model, feeds, optimized):
                            threads=1 if one_thread else None)
 
 
-#: pipelines a variant still compiles at a shape change (exported_models.SHAPE_CHANGES), per change:
-#: the kernels whose templates need those sizes as constants
-STILL_COMPILES: dict[str, dict[str, set[str]]] = {}
+#: pipelines a variant still compiles at a shape change (exported_models.SHAPE_CHANGES), per change,
+#: by kernel: only tile choices made per bucket of sizes. mobilenet_v3-dynamic's classifier
+#: (DynamicQuantizeMatMul) goes from 2 to 3 rows at batch 3, past its 2-row tile (a 4-row tile at
+#: one row was 1.2-1.75x slower on llvmpipe, docs/kernels.md)
+STILL_COMPILES: dict[str, dict[str, set[str]]] = {"mobilenet_v3-dynamic": {"batch": {"DynamicQuantizeMatMul"}}}
 
 
 def _check(case, got, want):
