@@ -52,9 +52,8 @@ def build(rev: str) -> Path:
     return target
 
 
-def run_json(rev: str, script: str, args: list[str]) -> dict:
-    """Run ``benchmarks/<script>`` with ``args`` (which must make it print JSON) against revision
-    ``rev``'s package; the parsed output, with ``rev`` and the package's path added."""
+def _environment(rev: str) -> tuple[dict, str]:
+    """(the environment a subprocess imports revision ``rev``'s package in, that package's path)."""
     site = build(rev)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), env_path] if (env_path := os.environ.get("PYTHONPATH"))
                                                       else [str(site)]))
@@ -63,9 +62,24 @@ def run_json(rev: str, script: str, args: list[str]) -> dict:
                            env=env, check=True, capture_output=True, text=True, cwd=tempfile.gettempdir()).stdout.strip()
     if not probe.startswith(str(site)):
         raise RuntimeError(f"the baseline run would import {probe}, not revision {rev} from {site}")
+    return env, probe
+
+
+def run_json(rev: str, script: str, args: list[str]) -> dict:
+    """Run ``benchmarks/<script>`` with ``args`` (which must make it print JSON) against revision
+    ``rev``'s package; the parsed output, with ``rev`` and the package's path added."""
+    env, probe = _environment(rev)
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], env=env, check=True,
                          capture_output=True, text=True, cwd=tempfile.gettempdir())
     result = json.loads(out.stdout)
     result["rev"] = resolve(rev)
     result["package"] = probe
     return result
+
+
+def spawn(rev: str, script: str, args: list[str]) -> subprocess.Popen:
+    """``benchmarks/<script>`` with ``args`` against revision ``rev``'s package, left running with
+    text pipes on its stdin and stdout (a server the caller talks to line by line)."""
+    env, _ = _environment(rev)
+    return subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / script), *args], env=env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=tempfile.gettempdir())

@@ -4,12 +4,15 @@ small nodes; where a GPU run's time goes (host work, uploads, the submit, waitin
 
     python benchmarks/bench_models.py [--repeat 10] [--chain 1000] [--adapter vulkan] [--exported [MODELS]]
                                       [--families cnn,mlp,transformer] [--formats qoperator,qdq,dynamic]
-                                      [--baseline REV] [--json | --markdown]
+                                      [--baseline REV [--interleave ROUNDS]] [--json | --markdown]
 
 ``--baseline REV`` also times git revision REV (built once into a cache folder by
 ``benchmarks/baseline.py``) with this same script on the same models, in a subprocess right after
 this tree's runs, and reports its latency and dispatches beside them (``speedup``: REV's GPU time
-over this tree's).
+over this tree's). With ``--interleave ROUNDS`` both are timed once more side by side: REV in a
+server subprocess (``--serve``), the two taking turns for ROUNDS rounds of ``--repeat`` runs per
+model, so that a shared machine's drift over minutes hits both alike (the ``interleaved`` columns:
+medians over every round).
 
 Models: the model zoo's float CNN, MLP and transformer block (``onnx_quant.model_zoo``, the
 builders' default sizes), quantized by onnxruntime.quantization in QOperator, QDQ and dynamic
@@ -200,7 +203,9 @@ def exported_models(names, *, shape_changes: bool = True) -> list[tuple[str, Any
                 model = em.build(name, form)
             changes = ({change: em.feeds(model, shapes, seed=2) for change, shapes in em.SHAPE_CHANGES[name].items()}
                        if shape_changes else {})
-            out.append((f"{name} {form}", model, em.feeds(model, em.MODELS[name][1], seed=1), changes))
+            # a row's name is its key beside the baseline's: the exported transformer is not the zoo's
+            label = f"{name} (exported)" if name in RUN_DIMS else name
+            out.append((f"{label} {form}", model, em.feeds(model, em.MODELS[name][1], seed=1), changes))
     return out
 
 
@@ -305,8 +310,7 @@ def _pipeline_requests(device):
 
 def bench_one(name: str, model, feeds, *, device, repeat: int, timer: PhaseTimer,
               shape_changes: dict[str, dict[str, np.ndarray]] | None = None) -> dict[str, Any]:
-    from onnx_quant.backend_wgpu.conformance import (  # noqa: PLC0415
-        host_node_count, host_nodes, make_session, session_accepts)
+    from onnx_quant.backend_wgpu.conformance import host_node_count, host_nodes  # noqa: PLC0415
 
     row: dict[str, Any] = {"model": name, "nodes": len(model.graph.node),
                            "inputs": {k: list(v.shape) for k, v in feeds.items()}}
@@ -323,10 +327,7 @@ def bench_one(name: str, model, feeds, *, device, repeat: int, timer: PhaseTimer
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            # the chain measures the cost of a dispatch: its nodes run one kernel each, unfused
-            unfused = {"fuse_elementwise": False} if (model.graph.name == "chain"
-                                                      and session_accepts("fuse_elementwise")) else {}
-            session = make_session(model, device=device, **unfused)
+            session = _timing_session(model, device)
             if shape_changes and hasattr(device.pipelines, "forget"):
                 # a cold pipeline cache: what a new shape compiles (and its first run's time) is
                 # this model's own, not hidden by what the models before it compiled
@@ -388,6 +389,84 @@ def bench_one(name: str, model, feeds, *, device, repeat: int, timer: PhaseTimer
     return row
 
 
+def bench_items(families, formats, chain: int, exported, shape_changes: bool = True) -> list[tuple]:
+    """The benchmark's models in order, as :func:`quantized_models` gives them: the zoo's, the
+    exported ones, then the chain; the same list in every process given the same arguments."""
+    items = quantized_models(families, formats)
+    if not shape_changes:
+        items = [(name, model, feeds, {}) for name, model, feeds, _ in items]
+    items += exported_models(exported, shape_changes=shape_changes)
+    if chain:
+        width = 16
+        items.append((f"chain of {chain} Add/Relu [{width}]", chain_model(chain, width),
+                      {"x": np.random.default_rng(0).standard_normal(width).astype(np.float32)}, {}))
+    return items
+
+
+def _timing_session(model, device):
+    """A session for latency runs; the chain measures the cost of a dispatch, so its nodes run
+    one kernel each, unfused."""
+    from onnx_quant.backend_wgpu.conformance import make_session, session_accepts  # noqa: PLC0415
+
+    unfused = {"fuse_elementwise": False} if model.graph.name == "chain" and session_accepts("fuse_elementwise") else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return make_session(model, device=device, **unfused)
+
+
+def serve_timings(items, device) -> None:
+    """The baseline side of ``--interleave``: reads ``{"item": i, "repeat": k}`` lines on stdin and
+    answers each with ``{"times": [...]}`` (seconds of ``k`` runs of item ``i``, one warmed-up session
+    per item) or ``{"error": ...}``."""
+    current: tuple[int, Any] | None = None
+    for line in sys.stdin:
+        req = json.loads(line)
+        i = req["item"]
+        try:
+            if current is None or current[0] != i:
+                if current is not None:
+                    current[1].close()
+                current = (i, _timing_session(items[i][1], device))
+                current[1].run(None, items[i][2])
+            sess, feeds = current[1], items[i][2]
+            print(json.dumps({"times": _times(lambda: sess.run(None, feeds), req["repeat"])}), flush=True)
+        except Exception as e:  # noqa: BLE001 - reported to the parent, which names the model
+            print(json.dumps({"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}), flush=True)
+
+
+def interleave(result: dict[str, Any], items, server, *, rounds: int, repeat: int, device,
+               log: Callable[[str], None] = _say) -> None:
+    """Time this tree and the baseline ``server`` (:func:`serve_timings` in a subprocess) in
+    alternating rounds of ``repeat`` runs per model, so that the machine's drift hits both alike;
+    each row gets ``interleaved``: both medians over every round and their ratio."""
+    def ask(i: int, k: int) -> list[float]:
+        server.stdin.write(json.dumps({"item": i, "repeat": k}) + "\n")
+        server.stdin.flush()
+        answer = json.loads(server.stdout.readline())
+        if "error" in answer:
+            raise RuntimeError(answer["error"])
+        return answer["times"]
+
+    for i, (row, (name, model, feeds, _)) in enumerate(zip(result["rows"], items)):
+        log(f"[{i + 1}/{len(items)}] {name}: interleaved with the baseline ...")
+        sess = None
+        try:
+            sess = _timing_session(model, device)
+            sess.run(None, feeds)
+            ask(i, 1)  # the baseline's warm-up
+            ours, theirs = [], []
+            for _ in range(rounds):
+                ours += _times(lambda: sess.run(None, feeds), repeat)
+                theirs += ask(i, repeat)
+            now, then = statistics.median(ours) * 1e3, statistics.median(theirs) * 1e3
+            row["interleaved"] = {"gpu_ms": now, "baseline_ms": then, "speedup": then / now, "runs": len(ours)}
+        except Exception as e:  # noqa: BLE001 - a model one side cannot run is named in its row
+            row["interleaved"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+        finally:
+            if sess is not None:
+                sess.close()
+
+
 def run(*, families=("cnn", "mlp", "transformer"), formats=model_zoo.FORMATS, chain: int = 1000,
         repeat: int = 10, adapter=None, exported=(), shape_changes: bool = True,
         log: Callable[[str], None] = _say) -> dict[str, Any]:
@@ -396,14 +475,7 @@ def run(*, families=("cnn", "mlp", "transformer"), formats=model_zoo.FORMATS, ch
     device = get_device(adapter)
     rows = []
     with PhaseTimer() as timer:
-        items = quantized_models(families, formats)
-        if not shape_changes:
-            items = [(name, model, feeds, {}) for name, model, feeds, _ in items]
-        items += exported_models(exported, shape_changes=shape_changes)
-        if chain:
-            width = 16
-            items.append((f"chain of {chain} Add/Relu [{width}]", chain_model(chain, width),
-                          {"x": np.random.default_rng(0).standard_normal(width).astype(np.float32)}, {}))
+        items = bench_items(families, formats, chain, exported, shape_changes)
         for i, (name, model, feeds, changes) in enumerate(items, 1):
             log(f"[{i}/{len(items)}] {name} ({len(model.graph.node)} nodes) ...")
             row = bench_one(name, model, feeds, device=device, repeat=repeat, timer=timer, shape_changes=changes)
@@ -482,13 +554,17 @@ def format_markdown(result: dict[str, Any]) -> str:
     if "baseline_rev" in result:
         lines += ["", f"Beside revision {result['baseline_rev'][:10]} (built from git, timed by the same script "
                       "in a subprocess right after):", "",
-                  "| model | dispatches per run (then → now) | GPU ms then | GPU ms now | speedup |",
-                  "|---|---:|---:|---:|---:|"]
+                  "| model | dispatches per run (then → now) | GPU ms then | GPU ms now | speedup "
+                  "| interleaved: GPU ms then | now | speedup |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for r in result["rows"]:
             then = _f(r.get("baseline_ms")) or _short_error(r.get("baseline_error", ""))
+            il = r.get("interleaved", {})
             lines.append(f"| {r['model']} | {_f(r.get('baseline_dispatches_per_run'), '.0f')} → "
                          f"{_f(r.get('dispatches_per_run'), '.0f')} | {then} | {_f(r.get('gpu_ms'))} "
-                         f"| {_f(r.get('speedup_vs_baseline'), '.1f')} |")
+                         f"| {_f(r.get('speedup_vs_baseline'), '.1f')} "
+                         f"| {_f(il.get('baseline_ms')) or _short_error(il.get('error', ''))} | {_f(il.get('gpu_ms'))} "
+                         f"| {_f(il.get('speedup'), '.2f')} |")
     for r in result["rows"]:
         if "gpu_us_per_node" in r:
             lines.append("")
@@ -514,6 +590,10 @@ def main(argv: list[str] | None = None) -> int:
                         "(all, or a comma-separated list)")
     p.add_argument("--no-shape-changes", action="store_true",
                    help="skip the runs at a second batch size / new size (the compile columns)")
+    p.add_argument("--interleave", type=int, metavar="ROUNDS", default=0,
+                   help="with --baseline: also time this tree and the baseline side by side, in ROUNDS "
+                        "alternating rounds of --repeat runs per model (a process each)")
+    p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the baseline side of --interleave
     g = p.add_mutually_exclusive_group()
     g.add_argument("--json", action="store_true")
     g.add_argument("--markdown", action="store_true")
@@ -525,9 +605,14 @@ def main(argv: list[str] | None = None) -> int:
         from onnx_quant import exported_models as em  # noqa: PLC0415
 
         exported = list(em.MODELS)
-    result = run(families=[f for f in args.families.split(",") if f],
-                 formats=[f for f in args.formats.split(",") if f],
-                 chain=args.chain, repeat=args.repeat, adapter=args.adapter, exported=exported,
+    families = [f for f in args.families.split(",") if f]
+    formats = [f for f in args.formats.split(",") if f]
+    if args.serve:
+        from onnx_quant.backend_wgpu.device import get_device  # noqa: PLC0415
+
+        serve_timings(bench_items(families, formats, args.chain, exported, shape_changes=False), get_device(args.adapter))
+        return 0
+    result = run(families=families, formats=formats, chain=args.chain, repeat=args.repeat, adapter=args.adapter, exported=exported,
                  shape_changes=not args.no_shape_changes)
     if args.baseline:
         from baseline import run_json  # noqa: PLC0415 - benchmarks/baseline.py, beside this script
@@ -538,6 +623,18 @@ def main(argv: list[str] | None = None) -> int:
                      "--families", args.families, "--formats", args.formats, "--exported", ",".join(exported)] + (
                     ["--adapter", args.adapter] if args.adapter else [])
         add_baseline(result, run_json(args.baseline, "bench_models.py", forwarded))
+        if args.interleave:
+            from baseline import spawn  # noqa: PLC0415
+            from onnx_quant.backend_wgpu.device import get_device  # noqa: PLC0415
+
+            served = ["--serve"] + [a for a in forwarded if a not in ("--json", "--no-shape-changes")]
+            server = spawn(args.baseline, "bench_models.py", served)
+            try:
+                interleave(result, bench_items(families, formats, args.chain, exported, shape_changes=False), server,
+                           rounds=args.interleave, repeat=args.repeat, device=get_device(args.adapter))
+            finally:
+                server.stdin.close()
+                server.wait(timeout=120)
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     else:

@@ -221,6 +221,34 @@ def test_bench_models_smoke(device):
     assert "Per-node overhead" in bench_models.format_markdown(result)
 
 
+def test_bench_models_interleaves_its_runs_with_a_served_revision(device):
+    """--interleave's protocol: this tree serving itself (``--serve``, as the baseline revision's
+    package would) answers each round's timings; every row gets both medians and their ratio."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[2] / "benchmarks"
+    sys.path.insert(0, str(bench))
+    import bench_models
+
+    args = ["--chain", "10", "--families", "", "--formats", "", "--exported", ""]
+    server = subprocess.Popen([sys.executable, str(bench / "bench_models.py"), "--serve", *args], text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    result = {"rows": [{"model": "chain"}]}
+    try:
+        items = bench_models.bench_items([], [], 10, [], shape_changes=False)
+        bench_models.interleave(result, items, server, rounds=2, repeat=3, device=device, log=lambda s: None)
+    finally:
+        server.stdin.close()
+        assert server.wait(timeout=60) == 0
+    (row,) = result["rows"]
+    il = row["interleaved"]
+    assert "error" not in il, il
+    assert il["runs"] == 6 and il["gpu_ms"] > 0 and il["baseline_ms"] > 0
+    assert il["speedup"] == il["baseline_ms"] / il["gpu_ms"]
+
+
 def test_bench_models_counts_the_pipelines_a_second_shape_needs(device):
     """The second-shape column counts the pipelines a run at another shape asks for that the first
     shape's run did not: 0 at the same shape, and, at shapes no run has compiled before, what the
