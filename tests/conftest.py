@@ -50,6 +50,42 @@ def onnxruntime_run(model, feeds, *, level: str = "ORT_ENABLE_ALL", threads: int
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
+def assert_agree(got, want, rtol: float) -> None:
+    """Outputs against an oracle's: same shapes and dtypes; integer and bool outputs bit for bit,
+    float ones within ``rtol`` of the largest expected magnitude (+1e-6)."""
+    import numpy as np
+
+    for g, w in zip(got, want):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, g.dtype, w.shape, w.dtype)
+        if g.dtype.kind in "iub":
+            assert np.array_equal(g, w)
+            continue
+        scale = float(np.abs(w.astype(np.float64)).max(initial=0))
+        assert float(np.abs(g.astype(np.float64) - w).max(initial=0)) <= rtol * scale + 1e-6
+
+
+def runs_from_a_cold_cache(device, model, feeds_list, *, kernel=None, variant=None, **session_kw):
+    """``model`` run in one Session at each of ``feeds_list`` from a cold pipeline cache: (outputs
+    per run, labels of the pipelines each run compiled). With ``variant``, ``kernel``'s node is
+    forced to it and every plan is checked to have taken it."""
+    from onnx_quant.backend_wgpu.session import Session
+
+    variants = {kernel: variant} if variant else None
+    outs, compiled = [], []
+    with Session(model, device=device, variants=variants, allow_host_fallback=False, **session_kw) as sess:
+        cache = sess.device.pipelines
+        cache.forget()
+        for feeds in feeds_list:
+            before = set(cache._pipelines)
+            outs.append(sess.run(None, feeds))
+            compiled.append([cache._pipelines[k].label for k in set(cache._pipelines) - before])
+            if variant:
+                plan = next(p for p in sess.plans({k: v.shape for k, v in feeds.items()}) if p.kernel == kernel)
+                assert plan.variant == variant
+    return outs, compiled
+
+
 def value_info_of(name: str, array):
     """A ValueInfoProto typed like ``array`` (its dtype and shape)."""
     from onnx import helper

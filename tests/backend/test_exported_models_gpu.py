@@ -21,11 +21,10 @@ import sys
 import warnings
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from onnx_quant import exported_models as em
-from conftest import onnxruntime_run
+from conftest import assert_agree, onnxruntime_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
@@ -67,16 +66,7 @@ STILL_COMPILES: dict[str, dict[str, set[str]]] = {"mobilenet_v3-dynamic": {"batc
 
 
 def _check(case, got, want):
-    quantized = case.endswith(("-qoperator", "-qdq"))
-    rtol = STATIC_RTOL if quantized else FLOAT_RTOL
-    for g, w in zip(got, want):
-        g, w = np.asarray(g), np.asarray(w)
-        assert g.shape == w.shape and g.dtype == w.dtype
-        if g.dtype.kind in "iub":
-            assert np.array_equal(g, w)
-            continue
-        scale = float(np.abs(w.astype(np.float64)).max(initial=0))
-        assert float(np.abs(g.astype(np.float64) - w).max(initial=0)) <= rtol * scale + 1e-6
+    assert_agree(got, want, STATIC_RTOL if case.endswith(("-qoperator", "-qdq")) else FLOAT_RTOL)
 
 
 @pytest.mark.parametrize("case", CASES)

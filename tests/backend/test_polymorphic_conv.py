@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
-from conftest import onnxruntime_run
+from conftest import onnxruntime_run, runs_from_a_cold_cache
 
 F32 = np.float32
 BATCHES = (1, 3)
@@ -46,21 +46,7 @@ def _batches(make, seed=0):
 
 def _run_twice(dev, model, feeds_list, kernel, variant=None, **session_kw):
     """Outputs at each batch size, and the labels of the pipelines each run compiled."""
-    from onnx_quant.backend_wgpu.session import Session
-
-    variants = {kernel: variant} if variant else None
-    outs, compiled = [], []
-    with Session(model, device=dev, variants=variants, allow_host_fallback=False, **session_kw) as sess:
-        cache = sess.device.pipelines
-        cache.forget()
-        for feeds in feeds_list:
-            before = set(cache._pipelines)
-            outs.append(sess.run(None, feeds))
-            compiled.append([cache._pipelines[k].label for k in set(cache._pipelines) - before])
-            if variant:
-                plan = next(p for p in sess.plans({k: v.shape for k, v in feeds.items()}) if p.kernel == kernel)
-                assert plan.variant == variant
-    return outs, compiled
+    return runs_from_a_cold_cache(dev, model, feeds_list, kernel=kernel, variant=variant, **session_kw)
 
 
 def _assert_compiled_once(compiled, kernel):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto as TP, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
-from conftest import onnxruntime_run
+from conftest import onnxruntime_run, runs_from_a_cold_cache
 
 MS = "com.microsoft"
 F32 = np.float32
@@ -30,17 +30,7 @@ def _vi(name, dtype, rank_or_dims):
 
 def _run_shapes(dev, model, feeds_list, kernel):
     """Outputs per feeds, and the labels of the pipelines each run compiled."""
-    from onnx_quant.backend_wgpu.session import Session
-
-    outs, compiled = [], []
-    with Session(model, device=dev, allow_host_fallback=False) as sess:
-        assert not sess.host_nodes
-        cache = sess.device.pipelines
-        cache.forget()
-        for feeds in feeds_list:
-            before = set(cache._pipelines)
-            outs.append(sess.run(None, feeds))
-            compiled.append([cache._pipelines[k].label for k in set(cache._pipelines) - before])
+    outs, compiled = runs_from_a_cold_cache(dev, model, feeds_list)
     assert any(kernel in lab for lab in compiled[0]), compiled[0]
     for feeds, labels in zip(feeds_list[1:], compiled[1:]):
         shapes = {k: v.shape for k, v in feeds.items()}

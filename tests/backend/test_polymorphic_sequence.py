@@ -23,7 +23,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from conftest import onnxruntime_run
+from conftest import assert_agree, onnxruntime_run
 
 F32 = np.float32
 
@@ -278,15 +278,7 @@ STATIC_RTOL = 2e-2
 
 
 def _agree(got, want, quantized):
-    for g, w in zip(got, want):
-        g, w = np.asarray(g), np.asarray(w)
-        assert g.shape == w.shape and g.dtype == w.dtype
-        if g.dtype.kind in "iub":
-            assert np.array_equal(g, w)
-            continue
-        scale = float(np.abs(w.astype(np.float64)).max(initial=0))
-        rtol = STATIC_RTOL if quantized else FLOAT_RTOL
-        assert float(np.abs(g.astype(np.float64) - w).max(initial=0)) <= rtol * scale + 1e-6
+    assert_agree(got, want, STATIC_RTOL if quantized else FLOAT_RTOL)
 
 
 def _run_shapes(dev, model, feeds_list, fmt):

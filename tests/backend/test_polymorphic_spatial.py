@@ -8,20 +8,16 @@ within float rounding for the float sums (run in another order); onnxruntime wit
 optimizations off bit for bit for the dynamic-quantization conv units; numpy's model of
 onnxruntime bit for bit for QLinearGlobalAveragePool and onnxruntime itself for QLinearAveragePool.
 
-Then the exported models (yolo_head, mobilenet_v3, dbnet, crnn in every form) at a new spatial size
-and at a second batch size: none of these kernels compiles a pipeline again, and the outputs
-agree with onnxruntime as test_exported_models_gpu.py checks them."""
+The exported models at a new image size and a second batch size: tests/backend/test_exported_models_gpu.py."""
 
 from __future__ import annotations
 
-import logging
-import warnings
 
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
-from conftest import onnxruntime_run
+from conftest import onnxruntime_run, runs_from_a_cold_cache
 from test_contrib_kernels_gpu import assert_matches_ort, model_qglobal
 from test_polymorphic_conv import _model, _vi
 
@@ -36,20 +32,7 @@ def dev(best):
 
 def _run_two_sizes(dev, model, feeds_list, kernel, variant=None):
     """Outputs at each input size (cold cache first), and the labels of the pipelines each run compiled."""
-    from onnx_quant.backend_wgpu.session import Session
-
-    variants = {kernel: variant} if variant else None
-    outs, compiled = [], []
-    with Session(model, device=dev, variants=variants, allow_host_fallback=False) as sess:
-        cache = sess.device.pipelines
-        cache.forget()
-        for feeds in feeds_list:
-            before = set(cache._pipelines)
-            outs.append(sess.run(None, feeds))
-            compiled.append([cache._pipelines[k].label for k in set(cache._pipelines) - before])
-            if variant:
-                plan = next(p for p in sess.plans({k: v.shape for k, v in feeds.items()}) if p.kernel == kernel)
-                assert plan.variant == variant
+    outs, compiled = runs_from_a_cold_cache(dev, model, feeds_list, kernel=kernel, variant=variant)
     assert compiled[0], "the first size compiled nothing: the cache was not cold"
     return outs, compiled
 
@@ -286,62 +269,6 @@ def test_qlinear_average_pool_compiles_once_for_two_image_sizes(dev, cl, cip):
     assert not compiled[1]
     for got, f in zip(outs, feeds):
         assert_matches_ort(got[0], onnxruntime_run(model, f)[0], f"QLinearAveragePool cl {cl} cip {cip}")
-
-
-# ----------------------------------------------------------------------------- the exported models
-
-#: the kernels this issue made size-polymorphic (other kernels of these models are other work)
-SPATIAL_KERNELS = {"QLinearConv", "ConvInteger", "DynamicQuantizeConv", "ConvIntegerToFloat", "Conv", "FusedConv",
-                   "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
-                   "QLinearGlobalAveragePool", "QLinearAveragePool"}
-#: per model: its base input shape's name, a new image size (same batch), a second batch size
-NEW_SIZES = {"yolo_head": ((32, 48), 2), "mobilenet_v3": ((16, 24), 3), "dbnet": ((48, 64), 2), "crnn": ((16, 32), 3)}
-
-
-def _kernel_of(label):
-    parts = label.split("/")
-    return parts[-3] if len(parts) >= 3 else label
-
-
-@pytest.mark.parametrize("form", ["float", "qoperator", "qdq", "dynamic"])
-@pytest.mark.parametrize("name", sorted(NEW_SIZES))
-def test_exported_models_compile_no_conv_or_pool_at_a_new_image_or_batch_size(dev, name, form):
-    from onnx_quant import exported_models as em
-    from onnx_quant.backend_wgpu.session import Session
-    from test_exported_models_gpu import FLOAT_RTOL, STATIC_RTOL, _onnxruntime
-
-    logging.getLogger().setLevel(logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = em.build(name, form)
-    (input_name, base), = em.MODELS[name][1].items()
-    hw, batch = NEW_SIZES[name]
-    shapes = [base, (base[0], base[1], *hw), (batch, *base[1:])]
-    rtol = STATIC_RTOL if form in ("qoperator", "qdq") else FLOAT_RTOL
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with Session(model, device=dev) as sess:
-            cache = sess.device.pipelines
-            cache.forget()
-            for i, shape in enumerate(shapes):
-                feeds = em.feeds(model, {input_name: shape}, seed=i)
-                before = set(cache._pipelines)
-                got = sess.run(None, feeds)
-                ours = sorted(cache._pipelines[k].label for k in set(cache._pipelines) - before
-                              if _kernel_of(cache._pipelines[k].label) in SPATIAL_KERNELS)
-                if i == 0:
-                    assert ours, "the first run compiled no conv or pool: the cache was not cold"
-                else:
-                    assert not ours, f"{shape} recompiled {ours}"
-                want = _onnxruntime(model, feeds, optimized=form == "qdq")
-                for g, w in zip(got, want):
-                    g, w = np.asarray(g), np.asarray(w)
-                    assert g.shape == w.shape and g.dtype == w.dtype
-                    if g.dtype.kind in "iub":
-                        assert np.array_equal(g, w)
-                        continue
-                    scale = float(np.abs(w.astype(np.float64)).max(initial=0))
-                    assert float(np.abs(g.astype(np.float64) - w).max(initial=0)) <= rtol * scale + 1e-6
 
 
 @pytest.mark.parametrize("channels", [256, 257])
