@@ -66,7 +66,8 @@ QL_VARIANTS = ("direct", "blocked_epilogue", "blocked", "tiled", "simple")
 CI_VARIANTS = ("direct", "blocked", "tiled", "simple")
 
 
-def _qlinear_conv_model():
+def _qlinear_conv_model(image=(6, 5)):
+    """``image``: the input's spatial dims (ints or symbols)."""
     rng = np.random.default_rng(1)
     M, Cg, G = 6, 2, 2
     inits = [
@@ -81,18 +82,18 @@ def _qlinear_conv_model():
     ]
     names = ["x", "x_scale", "x_zero_point", "w", "w_scale", "w_zero_point", "y_scale", "y_zero_point", "B"]
     node = helper.make_node("QLinearConv", names, ["y"], group=G, pads=[1, 1, 1, 1], strides=[1, 1])
-    return _model([node], [_vi("x", TensorProto.UINT8, ["N", Cg * G, 6, 5])], [_vi("y", TensorProto.UINT8, None)],
+    return _model([node], [_vi("x", TensorProto.UINT8, ["N", Cg * G, *image])], [_vi("y", TensorProto.UINT8, None)],
                   inits, opset=10)
 
 
-def _conv_integer_model():
+def _conv_integer_model(image=(7, 6)):
     rng = np.random.default_rng(2)
     inits = [numpy_helper.from_array(rng.integers(0, 256, [5, 3, 3, 2]).astype(np.uint8), "w"),
              numpy_helper.from_array(np.array(11, np.uint8), "x_zero_point"),
              numpy_helper.from_array(np.array(130, np.uint8), "w_zero_point")]
     node = helper.make_node("ConvInteger", ["x", "w", "x_zero_point", "w_zero_point"], ["y"],
                             pads=[1, 0, 1, 1], strides=[2, 1])
-    return _model([node], [_vi("x", TensorProto.UINT8, ["N", 3, 7, 6])], [_vi("y", TensorProto.INT32, None)],
+    return _model([node], [_vi("x", TensorProto.UINT8, ["N", 3, *image])], [_vi("y", TensorProto.INT32, None)],
                   inits, opset=10)
 
 
@@ -117,7 +118,7 @@ def test_integer_convs_compile_once_for_two_batch_sizes(dev, op, variant, build,
 # ----------------------------------------------------------------------------- DynamicQuantizeConv, ConvIntegerToFloat
 
 
-def _dynamic_conv_unit(shared):
+def _dynamic_conv_unit(shared, image=(7, 6), strides=(1, 1)):
     """DynamicQuantizeLinear -> ConvInteger -> Cast -> Mul -> Add -> Relu, as quantize_dynamic
     writes it (dynamic_fusion.py fuses it into DynamicQuantizeConv, or ConvIntegerToFloat when
     the quantized x has a second consumer)."""
@@ -129,7 +130,7 @@ def _dynamic_conv_unit(shared):
              numpy_helper.from_array(rng.standard_normal([1, M, 1, 1]).astype(F32), "bias")]
     nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
              helper.make_node("Mul", ["xs", "w_scale"], ["s"]),
-             helper.make_node("ConvInteger", ["xq", "W", "xz", "w_zp"], ["acc"], pads=[1, 1, 1, 1]),
+             helper.make_node("ConvInteger", ["xq", "W", "xz", "w_zp"], ["acc"], pads=[1, 1, 1, 1], strides=list(strides)),
              helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
              helper.make_node("Mul", ["accf", "s"], ["scaled"]),
              helper.make_node("Add", ["scaled", "bias"], ["biased"]),
@@ -138,7 +139,7 @@ def _dynamic_conv_unit(shared):
     if shared:
         nodes.append(helper.make_node("Identity", ["xq"], ["xq_out"]))
         outputs.append(_vi("xq_out", TensorProto.UINT8, None))
-    return _model(nodes, [_vi("x", TensorProto.FLOAT, ["N", 3, 7, 6])], outputs, inits, opset=21)
+    return _model(nodes, [_vi("x", TensorProto.FLOAT, ["N", 3, *image])], outputs, inits, opset=21)
 
 
 
@@ -162,14 +163,16 @@ def test_dynamic_conv_units_compile_once_for_two_batch_sizes(dev, kernel, varian
 # ----------------------------------------------------------------------------- float Conv, FusedConv
 
 
-def _float_conv_model(relu):
+def _float_conv_model(relu, image=(6, 7), **attrs):
+    """Conv [-> Relu]; ``attrs``: the Conv's (default pads 1, strides [1, 2])."""
+    attrs = attrs or {"pads": [1, 1, 1, 1], "strides": [1, 2]}
     rng = np.random.default_rng(4)
     inits = [numpy_helper.from_array(rng.standard_normal([8, 3, 3, 3]).astype(F32), "w"),
              numpy_helper.from_array(rng.standard_normal(8).astype(F32), "b")]
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if relu else "y"], pads=[1, 1, 1, 1], strides=[1, 2])]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if relu else "y"], **attrs)]
     if relu:
         nodes.append(helper.make_node("Relu", ["c"], ["y"]))
-    return _model(nodes, [_vi("x", TensorProto.FLOAT, ["N", 3, 6, 7])], [_vi("y", TensorProto.FLOAT, None)], inits)
+    return _model(nodes, [_vi("x", TensorProto.FLOAT, ["N", 3, *image])], [_vi("y", TensorProto.FLOAT, None)], inits)
 
 
 @pytest.mark.parametrize("kernel", ["Conv", "FusedConv"])

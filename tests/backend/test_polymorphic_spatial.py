@@ -19,7 +19,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from conftest import onnxruntime_run, runs_from_a_cold_cache
 from test_contrib_kernels_gpu import assert_matches_ort, model_qglobal
-from test_polymorphic_conv import _model, _vi
+from test_polymorphic_conv import (  # the conv family's models, at symbolic image dims here
+    _conv_integer_model, _dynamic_conv_unit, _float_conv_model, _model, _qlinear_conv_model, _vi)
 
 F32 = np.float32
 MS = "com.microsoft"
@@ -77,39 +78,12 @@ def _image_input(dtype, channels, rank=2, channels_last=False):
 
 # ----------------------------------------------------------------------------- QLinearConv, ConvInteger
 
-def _qlinear_conv_model():
-    rng = np.random.default_rng(1)
-    M, Cg, G = 6, 2, 2
-    inits = [
-        numpy_helper.from_array(np.array(0.05, F32), "x_scale"),
-        numpy_helper.from_array(np.array(7, np.uint8), "x_zero_point"),
-        numpy_helper.from_array(rng.integers(-128, 128, [M, Cg, 3, 3]).astype(np.int8), "w"),
-        numpy_helper.from_array((rng.random(M) * 0.02 + 0.005).astype(F32), "w_scale"),
-        numpy_helper.from_array(rng.integers(-4, 5, M).astype(np.int8), "w_zero_point"),
-        numpy_helper.from_array(np.array(0.3, F32), "y_scale"),
-        numpy_helper.from_array(np.array(120, np.uint8), "y_zero_point"),
-        numpy_helper.from_array(rng.integers(-500, 500, M).astype(np.int32), "B"),
-    ]
-    names = ["x", "x_scale", "x_zero_point", "w", "w_scale", "w_zero_point", "y_scale", "y_zero_point", "B"]
-    node = helper.make_node("QLinearConv", names, ["y"], group=G, pads=[1, 1, 1, 1], strides=[1, 1])
-    return _model([node], [_image_input(TensorProto.UINT8, Cg * G)], [_vi("y", TensorProto.UINT8, None)], inits, opset=10)
-
-
-def _conv_integer_model():
-    rng = np.random.default_rng(2)
-    inits = [numpy_helper.from_array(rng.integers(0, 256, [5, 3, 3, 2]).astype(np.uint8), "w"),
-             numpy_helper.from_array(np.array(11, np.uint8), "x_zero_point"),
-             numpy_helper.from_array(np.array(130, np.uint8), "w_zero_point")]
-    node = helper.make_node("ConvInteger", ["x", "w", "x_zero_point", "w_zero_point"], ["y"],
-                            pads=[1, 0, 1, 1], strides=[2, 1])
-    return _model([node], [_image_input(TensorProto.UINT8, 3)], [_vi("y", TensorProto.INT32, None)], inits, opset=10)
-
-
 #: (op, variant, model builder, channels, two image sizes): QLinearConv's 30 output positions,
 #: then 48 (a multiple of 4: whole words where the first size shares words between rows)
-INTEGER_CONVS = ([("QLinearConv", v, _qlinear_conv_model, 4, [(6, 5), (8, 6)])
+HW = ("H", "W")
+INTEGER_CONVS = ([("QLinearConv", v, lambda: _qlinear_conv_model(HW), 4, [(6, 5), (8, 6)])
                   for v in ("direct", "blocked_epilogue", "blocked", "tiled", "simple")]
-                 + [("ConvInteger", v, _conv_integer_model, 3, [(7, 6), (10, 9)])
+                 + [("ConvInteger", v, lambda: _conv_integer_model(HW), 3, [(7, 6), (10, 9)])
                     for v in ("direct", "blocked", "tiled", "simple")])
 
 
@@ -124,36 +98,13 @@ def test_integer_convs_compile_once_for_two_image_sizes(dev, op, variant, build,
 
 # ----------------------------------------------------------------------------- DynamicQuantizeConv, ConvIntegerToFloat
 
-def _dynamic_conv_unit(shared):
-    """DynamicQuantizeLinear -> ConvInteger -> Cast -> Mul -> Add -> Relu (dynamic_fusion.py fuses it
-    into DynamicQuantizeConv, or ConvIntegerToFloat when the quantized x has a second consumer)."""
-    rng = np.random.default_rng(3)
-    M = 4
-    inits = [numpy_helper.from_array(rng.integers(-127, 128, [M, 3, 3, 3]).astype(np.int8), "W"),
-             numpy_helper.from_array((rng.random([1, M, 1, 1]) * 0.02 + 0.001).astype(F32), "w_scale"),
-             numpy_helper.from_array(np.array(3, np.int8), "w_zp"),
-             numpy_helper.from_array(rng.standard_normal([1, M, 1, 1]).astype(F32), "bias")]
-    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
-             helper.make_node("Mul", ["xs", "w_scale"], ["s"]),
-             helper.make_node("ConvInteger", ["xq", "W", "xz", "w_zp"], ["acc"], pads=[1, 1, 1, 1], strides=[2, 1]),
-             helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
-             helper.make_node("Mul", ["accf", "s"], ["scaled"]),
-             helper.make_node("Add", ["scaled", "bias"], ["biased"]),
-             helper.make_node("Relu", ["biased"], ["y"])]
-    outputs = [_vi("y", TensorProto.FLOAT, None)]
-    if shared:
-        nodes.append(helper.make_node("Identity", ["xq"], ["xq_out"]))
-        outputs.append(_vi("xq_out", TensorProto.UINT8, None))
-    return _model(nodes, [_image_input(TensorProto.FLOAT, 3)], outputs, inits, opset=21)
-
-
 @pytest.mark.parametrize("kernel, variant, shared", [
     ("DynamicQuantizeConv", "fused", False),
     ("DynamicQuantizeConv", "two_pass", False),
     ("ConvIntegerToFloat", "gemm", True),
 ])
 def test_dynamic_conv_units_compile_once_for_two_image_sizes(dev, kernel, variant, shared):
-    model = _dynamic_conv_unit(shared)
+    model = _dynamic_conv_unit(shared, HW, strides=(2, 1))
     feeds = _images(3, [(7, 6), (10, 13)], F32, seed=5)
     outs, compiled = _run_two_sizes(dev, model, feeds, kernel, variant)
     _assert_second_size_compiles_nothing(compiled, kernel)
@@ -164,20 +115,10 @@ def test_dynamic_conv_units_compile_once_for_two_image_sizes(dev, kernel, varian
 
 # ----------------------------------------------------------------------------- float Conv, FusedConv, ConvTranspose
 
-def _float_conv_model(relu, **attrs):
-    rng = np.random.default_rng(4)
-    inits = [numpy_helper.from_array(rng.standard_normal([8, 3, 3, 3]).astype(F32), "w"),
-             numpy_helper.from_array(rng.standard_normal(8).astype(F32), "b")]
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if relu else "y"], **attrs)]
-    if relu:
-        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
-    return _model(nodes, [_image_input(TensorProto.FLOAT, 3)], [_vi("y", TensorProto.FLOAT, None)], inits)
-
-
 @pytest.mark.parametrize("kernel", ["Conv", "FusedConv"])
 @pytest.mark.parametrize("variant", ["direct", "direct_oc4"])
 def test_float_conv_compiles_once_for_two_image_sizes(dev, kernel, variant):
-    model = _float_conv_model(kernel == "FusedConv", pads=[1, 1, 1, 1], strides=[1, 2], dilations=[2, 1])
+    model = _float_conv_model(kernel == "FusedConv", HW, pads=[1, 1, 1, 1], strides=[1, 2], dilations=[2, 1])
     feeds = _images(3, [(6, 7), (9, 12)], F32, seed=6)
     outs, compiled = _run_two_sizes(dev, model, feeds, kernel, variant)
     assert not compiled[1]  # Conv + Relu is one FusedConv node
@@ -187,7 +128,7 @@ def test_float_conv_compiles_once_for_two_image_sizes(dev, kernel, variant):
 def test_float_conv_same_padding_at_two_image_sizes(dev):
     """auto_pad SAME_*: the pads follow the sizes, so they stay constants (a size may compile);
     the values are right at both."""
-    model = _float_conv_model(False, auto_pad="SAME_LOWER", strides=[2, 2])
+    model = _float_conv_model(False, HW, auto_pad="SAME_LOWER", strides=[2, 2])
     feeds = _images(3, [(6, 7), (9, 12)], F32, seed=7)
     outs, _ = _run_two_sizes(dev, model, feeds, "Conv")
     _assert_close(outs, model, feeds)
