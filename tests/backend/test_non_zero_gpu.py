@@ -127,6 +127,54 @@ def test_nonzero_feeding_transpose_gather_nd_runs_on_the_gpu(best):
     assert placement["NonZero_1"] == "gpu" and placement["data_dependent_region"] == "sync"
 
 
+def test_a_new_count_compiles_nothing(best):
+    """The region reading NonZero's output is planned per count, but its kernels take the count as
+    a runtime uniform (GatherND's index rows, Transpose, Mul): from a cold cache, counts after the
+    first compile no pipeline, and every output is onnxruntime's."""
+    from onnx_quant.backend_wgpu.session import Session
+
+    model = _yolo_like()
+    rng = np.random.default_rng(11)
+    with Session(model, device=best, allow_host_fallback=False) as s:
+        cache = s.device.pipelines
+        cache.forget()
+        for i, (b, kept) in enumerate(((4, 5), (4, 9), (3, 2), (4, 17))):
+            conf = _conf(rng, b, kept)
+            before = set(cache._pipelines)
+            got = s.run(None, {"conf": conf})
+            new = [cache._pipelines[k].label for k in set(cache._pipelines) - before]
+            assert bool(new) == (i == 0), new
+            for g, w in zip(got, onnxruntime_run(model, {"conf": conf})):
+                assert g.dtype == w.dtype and g.shape == w.shape and np.array_equal(g, w)
+
+
+@pytest.mark.parametrize("rows", [(3,), (5,), (2, 4)])
+def test_gather_nd_with_batch_dims_at_several_row_counts(best, rows):
+    """GatherND-12 with batch_dims 1 over index rows of several counts and ranks, bit for bit
+    onnx.reference's; a count after the first compiles nothing (gather_nd.base.json's uniforms)."""
+    from onnx.reference import ReferenceEvaluator
+    from onnx_quant.backend_wgpu.session import Session
+
+    node = helper.make_node("GatherND", ["x", "i"], ["y"], batch_dims=1)
+    g = helper.make_graph([node], "gnd", [helper.make_tensor_value_info("x", TensorProto.INT64, ["n", 4, 5, 3]),
+                                          helper.make_tensor_value_info("i", TensorProto.INT64, ["n", *("r" * len(rows)), 2])],
+                          [helper.make_tensor_value_info("y", TensorProto.INT64, None)])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    rng = np.random.default_rng(len(rows))
+    with Session(model, device=best, allow_host_fallback=False) as s:
+        cache = s.device.pipelines
+        for k, count in enumerate((rows[0], rows[0] + 3)):
+            shape = (2, *([count] * len(rows)), 2)
+            feeds = {"x": rng.integers(-2 ** 40, 2 ** 40, (2, 4, 5, 3)),
+                     "i": np.stack([rng.integers(-4, 4, shape[:-1]), rng.integers(-5, 5, shape[:-1])], -1)}
+            before = set(cache._pipelines)
+            (got,) = s.run(None, feeds)
+            if k:
+                assert not set(cache._pipelines) - before
+            want = ReferenceEvaluator(model).run(None, feeds)[0]
+            assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
 def test_same_session_different_counts_plans_per_count(best):
     """Counts 7, 2, 7 again (other values): each run right; the third replans nothing (the body
     session's plan for count 7 is cached), the second planned for its count."""
