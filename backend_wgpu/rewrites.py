@@ -105,6 +105,16 @@ def spec_rejects(spec: Any, node: onnx.NodeProto, elem_of: Callable[[str], int])
     return ""
 
 
+def find_kernel(specs: Any, node: onnx.NodeProto, domain: str, version: int,
+                elem_of: Callable[[str], int]) -> tuple[Any, str]:
+    """The kernel spec of ``node``'s op at ``version`` and why it cannot take the node whatever the
+    shapes ('' if it can); ``(None, why)`` where no spec covers the op."""
+    spec = specs.find(domain, node.op_type, version)
+    if spec is None:
+        return None, f"no GPU kernel for {op_text(domain, node.op_type)} at opset {version}"
+    return spec, spec_rejects(spec, node, elem_of)
+
+
 class _Phases:
     """The running state of one rewrite: the current model and its static values."""
 
@@ -120,10 +130,7 @@ class _Phases:
         """Why no kernel spec takes a node a phase would write ('' if one does)."""
         if domain in DEFAULT_DOMAINS and node.op_type in VIEW_OPS:
             return ""  # a view of its (quantized) input
-        spec = self.specs.find(domain, node.op_type, version)
-        if spec is None:
-            return f"no GPU kernel for {op_text(domain, node.op_type)} at opset {version}"
-        return spec_rejects(spec, node, self.elem)
+        return find_kernel(self.specs, node, domain, version, self.elem)[1]
 
     def replace(self, model: onnx.ModelProto) -> None:
         self.out.model = model
@@ -155,13 +162,10 @@ class _Phases:
 
         def rejects(node: onnx.NodeProto) -> str:
             info = self.out.static_values.get(node.input[0])
-            version = opsets.get("", opsets.get("ai.onnx", 0))
-            spec = self.specs.find("", "NonZero", version)
-            if spec is None:
-                return f"no GPU kernel for NonZero at opset {version}"
-            if info is not None and info.shape is not None and len(info.shape) == 0:
+            spec, why = find_kernel(self.specs, node, "", opsets.get("", opsets.get("ai.onnx", 0)), self.elem)
+            if spec is not None and info is not None and info.shape is not None and len(info.shape) == 0:
                 return "the input's rank is 0 (a scalar's indices: [0, count] for ONNX's inference, [1, count] for numpy)"
-            return spec_rejects(spec, node, self.elem)
+            return why
 
         result = dd.split_model(model, rejects)
         if result.nonzeros:

@@ -63,7 +63,7 @@ from onnx_quant.backend_wgpu.host_rewrites import host_node
 from onnx_quant.backend_wgpu.host_sizes import check_host_node
 from onnx_quant.backend_wgpu.locking import holding
 from onnx_quant.backend_wgpu.model_check import check_host_outputs, static_values
-from onnx_quant.backend_wgpu.rewrites import RewriteOptions, op_text, rewrite_model, spec_rejects
+from onnx_quant.backend_wgpu.rewrites import RewriteOptions, find_kernel, op_text, rewrite_model
 from onnx_quant.dtypes import element_type, ort_type, type_name
 from onnx_quant.errors import ExecutionError, HostFallbackWarning, KernelRejected, QuantError
 from onnx_quant.budget import resolve as resolve_budget
@@ -309,7 +309,7 @@ class Session:
 
     @staticmethod
     def _op_name(info: _NodeInfo) -> str:
-        return f"{info.domain}::{info.node.op_type}" if info.domain not in DEFAULT_DOMAINS else info.node.op_type
+        return op_text(info.domain, info.node.op_type)
 
     def _elem(self, name: str) -> int:
         info = self._static_values.get(name)
@@ -328,10 +328,7 @@ class Session:
         if unit is not None:  # what the unit as written reads besides the fused node's inputs (host fallback)
             implicit |= set(unit.reads()) - set(node.input)
         implicit = tuple(sorted(implicit))
-        spec = self._specs.find(domain, node.op_type, version)
-        reason = "" if spec is None else self._spec_rejects(spec, node)
-        if spec is None:
-            reason = f"no GPU kernel for {op_text(domain, node.op_type)} at opset {version}"
+        spec, reason = find_kernel(self._specs, node, domain, version, self._elem)
         if domain in DEFAULT_DOMAINS and node.op_type == "Constant":
             return _NodeInfo(index, label, node, domain, version, None, "const", "a constant", implicit)
         if dd.is_region(domain, node.op_type):
@@ -365,10 +362,6 @@ class Session:
                 raise ExecutionError(f"node {label!r} ({node.op_type}): attribute {a.name!r} is not an attribute of "
                                      f"{node.op_type}-{schema.since_version} (attributes: "
                                      f"{', '.join(sorted(schema.attributes)) or 'none'})")
-
-    def _spec_rejects(self, spec, node: onnx.NodeProto) -> str:
-        """Why the kernel cannot take this node whatever the shapes ('' if it can)."""
-        return spec_rejects(spec, node, self._elem)
 
     def _static_view_rejects(self, node: onnx.NodeProto) -> str | None:
         """Why a view op cannot be a view whatever the shapes (None if it may be one)."""
