@@ -283,7 +283,7 @@ def write_plots(result: dict[str, Any], directory: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def _pipeline_requests(device):
+def pipeline_requests(device):
     """The set of pipelines (by identity) the device's cache handed out while active, whether it
     compiled them or found them: what a device with an empty pipeline cache would compile."""
     cache = device.pipelines
@@ -333,7 +333,7 @@ def bench_one(name: str, model, feeds, *, device, repeat: int, timer: PhaseTimer
                 # this model's own, not hidden by what the models before it compiled
                 device.pipelines.forget()
             t0 = time.perf_counter()
-            with _pipeline_requests(device) as first_keys:
+            with pipeline_requests(device) as first_keys:
                 got = session.run(None, feeds)
             row["first_run_ms"] = (time.perf_counter() - t0) * 1e3
             row["pipelines_first_run"] = len(first_keys)
@@ -366,7 +366,7 @@ def bench_one(name: str, model, feeds, *, device, repeat: int, timer: PhaseTimer
                 # compiles (issue #11 asks for none), counted against this model's own first shape,
                 # not the device's cache (which the models before this one filled)
                 t0 = time.perf_counter()
-                with _pipeline_requests(device) as keys:
+                with pipeline_requests(device) as keys:
                     session.run(None, changed_feeds)
                 row[f"first_run_new_{change}_ms"] = (time.perf_counter() - t0) * 1e3
                 row[f"shape_{change}"] = {k: list(v.shape) for k, v in changed_feeds.items()}

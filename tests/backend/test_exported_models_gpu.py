@@ -75,7 +75,7 @@ def test_exported_model_on_the_gpu_matches_onnxruntime(best, case):
     length (SHAPE_CHANGES), in one session: every output agrees with onnxruntime, and a shape change
     asks for no pipeline the first shape's run did not (issue #11: shape-polymorphic pipelines)."""
     from onnx_quant.backend_wgpu.session import Session
-    from bench_models import _pipeline_requests
+    from bench_models import pipeline_requests
 
     model, feeds = _model(case)
     name = case.rsplit("-", 1)[0]
@@ -84,7 +84,7 @@ def test_exported_model_on_the_gpu_matches_onnxruntime(best, case):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with Session(model, device=best, allow_host_fallback=bool(host)) as s:
-            with _pipeline_requests(best) as first:
+            with pipeline_requests(best) as first:
                 got = s.run(None, feeds)
             ran_on_host = {re.sub(r".*\((.*)\)$", r"\1", h) for h in s.host_nodes}
             assert ran_on_host == host, ran_on_host
@@ -92,7 +92,7 @@ def test_exported_model_on_the_gpu_matches_onnxruntime(best, case):
             labels = {id(p): p.label.split("/", 1)[-1] for p in best.pipelines._pipelines.values()}
             for change, shapes in em.SHAPE_CHANGES[name].items():
                 changed = em.feeds(model, shapes, seed=2)
-                with _pipeline_requests(best) as used:
+                with pipeline_requests(best) as used:
                     got = s.run(None, changed)
                 _check(case, got, _onnxruntime(model, changed, optimized))
                 labels.update({id(p): p.label.split("/", 1)[-1] for p in best.pipelines._pipelines.values()})
