@@ -37,17 +37,59 @@ def gpu_examples(divisor: int = 3) -> int:
 
 
 def onnxruntime_run(model, feeds, *, level: str = "ORT_ENABLE_ALL", threads: int | None = None) -> list:
-    """onnxruntime CPU's outputs for ``model`` on ``feeds``: the oracle GPU tests compare with.
-    ``level``: a GraphOptimizationLevel name (``ORT_DISABLE_ALL`` runs the graph as written);
-    ``threads``: intra_op_num_threads (None: onnxruntime's default)."""
-    import onnxruntime as ort
+    """onnxruntime CPU's outputs for ``model`` on ``feeds``, with every uint8 x int8 integer GEMM
+    summed exactly (onnx_quant.oracles.exact_onnxruntime_run: the model's int8 weight sides widened
+    to uint8), so that no verdict depends on whether the host CPU has VNNI. ``level``: a
+    GraphOptimizationLevel name (``ORT_DISABLE_ALL`` runs the graph as written); ``threads``:
+    intra_op_num_threads (None: onnxruntime's default)."""
+    from onnx_quant.oracles import exact_onnxruntime_run
 
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
-    if threads is not None:
-        so.intra_op_num_threads = threads
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    return exact_onnxruntime_run(model, feeds, level=level, threads=threads)
+
+
+def _model_of(source):
+    """The ModelProto behind what onnxruntime.InferenceSession was given (bytes or a path)."""
+    import onnx
+
+    if isinstance(source, (bytes, bytearray)):
+        return onnx.load_from_string(bytes(source))
+    if isinstance(source, (str, os.PathLike)):
+        return onnx.load(os.fspath(source), load_external_data=False)
+    return None
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_saturating_oracle():
+    """Every onnxruntime session the suite runs is refused where the model holds a uint8 x int8
+    integer GEMM (as written or after onnxruntime's QDQ fusion) whose weights could saturate (any
+    but constants within +-64): on an AVX2 host without VNNI its sums saturate at int16, so such a
+    comparison's verdict would depend on the CPU. Tests compare
+    those models through ``onnxruntime_run`` (the exact, widened oracle); code using onnxruntime
+    for something other than values runs inside ``onnx_quant.oracles.not_an_oracle()``."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        yield
+        return
+    from onnx_quant import oracles
+
+    original = ort.InferenceSession.__init__
+
+    def guarded(self, path_or_bytes, *args, **kwargs):
+        model = None if oracles.in_non_oracle_use() else _model_of(path_or_bytes)
+        nodes = oracles.u8s8_nodes(model, saturable_only=True) if model is not None else []
+        if nodes:
+            raise AssertionError(
+                f"an onnxruntime session over uint8 x int8 integer GEMMs ({', '.join(nodes[:4])}"
+                f"{', ...' if len(nodes) > 4 else ''}): its sums saturate on AVX2 hosts without VNNI; "
+                f"compare with conftest.onnxruntime_run / onnx_quant.oracles.exact_onnxruntime_run")
+        original(self, path_or_bytes, *args, **kwargs)
+
+    ort.InferenceSession.__init__ = guarded
+    try:
+        yield
+    finally:
+        ort.InferenceSession.__init__ = original
 
 
 def assert_agree(got, want, rtol: float) -> None:

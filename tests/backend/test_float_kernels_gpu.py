@@ -33,6 +33,7 @@ from onnx import helper, numpy_helper
 
 from onnx_quant.dtypes import type_name
 from onnx_quant.errors import ExecutionError, QuantError
+from onnx_quant.oracles import widen_u8s8
 
 # tunables that gate variants, set so that every variant's size clause holds
 FORCE_TUNABLES = {"COARSE_MIN_WORDS": 0, "TILED_MIN_MACS": 0, "SERIAL_MAX_ELEMENTS": 10**9,
@@ -173,7 +174,8 @@ def run_all_variants(dev, model, feeds, tunables=None):
 
 def ort_run(model, feeds):
     import onnxruntime as ort
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    # uint8 x int8 GEMMs widened to uint8: exact sums on any CPU (onnx_quant/oracles.py)
+    sess = ort.InferenceSession(widen_u8s8(model).model.SerializeToString(), providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)
 
 

@@ -17,6 +17,7 @@ import onnx_quant
 from onnx_quant import model_zoo
 from onnx_quant.backend_wgpu.inference_session import DISABLE_CPU_FALLBACK, resolve_providers
 from onnx_quant.errors import DeviceError, ExecutionError
+from onnx_quant.oracles import widen_u8s8
 from tests.conftest import gpu_adapters
 
 BINDINGS = {"N": 2, "H": 8, "W": 8}
@@ -54,7 +55,7 @@ def test_same_calls_as_onnxruntime(family, fmt):
                                 **({"blocks": 1, "channels": 8} if family == "cnn" else {"layers": 2}))
     model.metadata_props.add(key="source", value="test")
     data = model.SerializeToString()
-    theirs = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    theirs = ort.InferenceSession(widen_u8s8(model).model.SerializeToString(), providers=["CPUExecutionProvider"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ours = onnx_quant.InferenceSession(data, providers=["vulkan", "CPUExecutionProvider"])

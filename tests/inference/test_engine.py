@@ -16,6 +16,7 @@ from onnx_quant.inference.diagnostics import Diagnostic
 from onnx_quant.inference.dims import Dim
 from onnx_quant.errors import InferenceError
 from onnx_quant.examples import example_model, example_models
+from onnx_quant.oracles import widen_u8s8
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 FAKE = "test.onnx_quant.engine"  # a domain onnx has no schema for
@@ -124,7 +125,7 @@ def _run_all_values(model, feed):
     del exposed.graph.output[:]
     names = [o for n in model.graph.node for o in n.output if o]
     exposed.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names)
-    sess = ort.InferenceSession(exposed.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(widen_u8s8(exposed).model.SerializeToString(), providers=["CPUExecutionProvider"])
     return dict(zip(names, sess.run(names, feed)))
 
 

@@ -25,6 +25,7 @@ from onnx_quant import exported_models as em
 from onnx_quant import inference
 from onnx_quant.inference import dims
 from onnx_quant.inference.context import TensorInfo
+from onnx_quant.oracles import widen_u8s8
 
 CASES = [(name, form) for name in em.MODELS for form in em.FORMS]
 IDS = [f"{n}-{f}" for n, f in CASES]
@@ -55,7 +56,7 @@ def _run_all(model: onnx.ModelProto, shapes) -> dict[str, np.ndarray]:
     exposed.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(exposed.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(widen_u8s8(exposed).model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     return dict(zip(names, sess.run(names, em.feeds(model, shapes, seed=7))))
 
 

@@ -19,6 +19,7 @@ from onnx_quant import inference
 from onnx_quant.inference import dims
 from onnx_quant.inference.context import TensorInfo
 from onnx_quant import model_zoo
+from onnx_quant.oracles import widen_u8s8
 
 #: (family, format, per_channel) of every model under test
 CONFIGS = [
@@ -62,7 +63,7 @@ def runs(models) -> dict[str, dict[str, np.ndarray]]:
         exposed.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names)
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        sess = ort.InferenceSession(exposed.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(widen_u8s8(exposed).model.SerializeToString(), options, providers=["CPUExecutionProvider"])
         feeds = model_zoo.random_feeds(model, BINDINGS[_family(name)], seed=3)
         out[name] = dict(zip(names, sess.run(names, feeds)))
     return out
@@ -159,7 +160,7 @@ def test_stamped_models_match_quantized_ones(family, fmt):
     assert len(stamped.graph.initializer) == len(direct.graph.initializer)
     onnx.checker.check_model(stamped)
     bindings = model_zoo.CALIBRATION_DIMS[family]
-    sess = ort.InferenceSession(stamped.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(widen_u8s8(stamped).model.SerializeToString(), providers=["CPUExecutionProvider"])
     [y] = sess.run(None, model_zoo.random_feeds(stamped, bindings))
     values = inference.infer_values(stamped, model_zoo.input_shapes(stamped, bindings), strict=True)
     assert values[stamped.graph.output[0].name].shape == y.shape

@@ -22,6 +22,7 @@ from onnx_quant.inference.context import ShapesContext, TensorInfo
 from onnx_quant.inference.dims import Dim
 from onnx_quant.inference.registry import NodeContext, lookup
 from onnx_quant.errors import InferenceError
+from onnx_quant.oracles import widen_u8s8
 
 OPSET = 21
 N, H, W, S = Dim.symbol("N"), Dim.symbol("H"), Dim.symbol("W"), Dim.symbol("S")
@@ -611,7 +612,7 @@ def _ort_types(m: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, tu
     import onnxruntime as ort
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(widen_u8s8(m).model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     outs = sess.run(None, feeds)
     return {o.name: (o.type, tuple(o.shape), r.dtype, r.shape) for o, r in zip(sess.get_outputs(), outs)}
 
