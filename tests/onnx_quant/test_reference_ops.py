@@ -143,3 +143,156 @@ def test_quantize_linear_nan_and_huge_values_saturate_in_float():
                               [np.int8], consts=("s", "z"), domain="", onnx_opset=13)
     (got,) = reference_evaluator(model).run(None, feeds)
     assert got.tolist() == [-128, 127, -128, 127, -128, 127, -128]
+
+
+# ----------------------------------------------------------------------------- QLinearAdd / QLinearMul
+
+@st.composite
+def broadcast_pair(draw):
+    out = draw(st.lists(st.integers(1, 6), min_size=0, max_size=3))
+    def operand():
+        dims = [d if draw(st.booleans()) else 1 for d in out]
+        return tuple(dims[draw(st.integers(0, len(dims))):])
+    return operand(), operand()
+
+
+@pytest.mark.parametrize("op", ["QLinearAdd", "QLinearMul"])
+@given(shapes=broadcast_pair(), seed=seeds, dtype=st.sampled_from(QTYPES))
+def test_qlinear_binary(op, shapes, seed, dtype):
+    rng = np.random.default_rng(seed)
+    a, b = ints(rng, dtype, shapes[0]), ints(rng, dtype, shapes[1])
+    base = F32(rng.uniform(0.01, 0.1))
+    sa, sb, sc = base, F32(base * F32(rng.choice([0.5, 1.0, 2.0]))), F32(base * F32(rng.choice([0.75, 1.5, 3.0])))
+    za, zb, zc = ints(rng, dtype, (3,))
+    inputs = [("A", a), ("As", s(sa)), ("Az", za), ("B", b), ("Bs", s(sb)), ("Bz", zb), ("Cs", s(sc)), ("Cz", zc)]
+    if seed % 3 == 0:  # C's zero point left out (onnxruntime refuses models that leave out A's or B's)
+        inputs.pop()
+    model, feeds = node_model(op, inputs, [dtype], consts=("As", "Az", "Bs", "Bz", "Cs", "Cz"))
+    assert_exact(*run_both(model, feeds), f"{op} {shapes}")
+
+
+@pytest.mark.parametrize("op", ["QLinearAdd", "QLinearMul"])
+def test_qlinear_binary_every_operand_pair(op):
+    """All 256 x 256 pairs, both orders of broadcasting (onnxruntime swaps the operands in one)."""
+    rng = np.random.default_rng(5)
+    codes = np.arange(256, dtype=np.uint8)
+    for shapes in [((256, 1), (1, 256)), ((1, 256), (256, 1))]:
+        a, b = codes.reshape(shapes[0]), codes.reshape(shapes[1])
+        sa, sb, sc = (F32(v) for v in rng.uniform(0.001, 0.1, 3))
+        za, zb, zc = (np.array(v, np.uint8) for v in rng.integers(0, 256, 3))
+        model, feeds = node_model(op, [("A", a), ("As", s(sa)), ("Az", za), ("B", b), ("Bs", s(sb)), ("Bz", zb),
+                                       ("Cs", s(sc)), ("Cz", zc)], [np.uint8],
+                                  consts=("As", "Az", "Bs", "Bz", "Cs", "Cz"))
+        assert_exact(*run_both(model, feeds), f"{op} {shapes}")
+
+
+# ----------------------------------------------------------------------------- lookup-table ops
+
+@pytest.mark.parametrize("op", ["QLinearSigmoid", "QLinearLeakyRelu"])
+@pytest.mark.parametrize("dtype", QTYPES, ids=["uint8", "int8"])
+def test_lookup_table_ops_every_input(op, dtype):
+    rng = np.random.default_rng(7)
+    x = np.arange(256, dtype=np.uint8).view(dtype).reshape(16, 16)
+    for t in range(16):
+        xs = F32(rng.uniform(0.001, 0.2))
+        ys = F32(rng.uniform(0.001, 0.01)) if op == "QLinearSigmoid" else F32(xs * F32(rng.choice([0.5, 1.0, 2.0])))
+        xz, yz = ints(rng, dtype, (2,))
+        attrs = {"alpha": float(rng.choice([0.1, 0.2, 0.3333]))} if op == "QLinearLeakyRelu" and t % 2 else {}
+        absent = t % 4 == 3
+        model, feeds = node_model(op, [("X", x), ("Xs", s(xs)), ("Xz", None if absent else xz), ("Ys", s(ys)),
+                                       ("Yz", None if absent else yz)], [dtype], consts=("Xs", "Xz", "Ys", "Yz"),
+                                  **attrs)
+        assert_exact(*run_both(model, feeds), f"{op} trial {t}")
+
+
+@given(seed=seeds, dtype=st.sampled_from(QTYPES), shape=st.lists(st.integers(1, 7), min_size=1, max_size=3),
+       axis_pick=st.integers(0, 5), opset=st.sampled_from([11, 13, 21]))
+def test_qlinear_softmax(seed, dtype, shape, axis_pick, opset):
+    rng = np.random.default_rng(seed)
+    x = ints(rng, dtype, shape)
+    axis = axis_pick % len(shape) - (len(shape) if axis_pick % 2 else 0)
+    yz = np.array(0 if dtype == np.uint8 else -128, dtype)
+    ys = F32(rng.choice([1 / 256, 0.013, 1 / 255]))
+    model, feeds = node_model("QLinearSoftmax", [("X", x), ("Xs", s(rng.uniform(0.01, 0.3))),
+                                                 ("Xz", ints(rng, dtype, ())), ("Ys", s(ys)), ("Yz", yz)],
+                              [dtype], consts=("Xs", "Xz", "Ys", "Yz"), axis=axis, opset=opset)
+    assert_exact(*run_both(model, feeds), f"QLinearSoftmax {shape} axis {axis} opset {opset}")
+
+
+def test_qlinear_softmax_long_row():
+    rng = np.random.default_rng(3)
+    x = np.clip(ints(rng, np.uint8, (2, 5000)), 215, 255).astype(np.uint8)  # every term counts in the sum
+    model, feeds = node_model("QLinearSoftmax", [("X", x), ("Xs", s(0.05)), ("Xz", np.array(0, np.uint8)),
+                                                 ("Ys", s(1 / 4 / 5000)), ("Yz", np.array(0, np.uint8))],
+                              [np.uint8], consts=("Xs", "Xz", "Ys", "Yz"), opset=13)
+    assert_exact(*run_both(model, feeds), "QLinearSoftmax 5000")
+
+
+# ----------------------------------------------------------------------------- concat and pools
+
+@given(seed=seeds, dtype=st.sampled_from(QTYPES), n=st.integers(1, 4), axis=st.integers(-2, 1))
+def test_qlinear_concat(seed, dtype, n, axis):
+    rng = np.random.default_rng(seed)
+    ys, yz = F32(rng.uniform(0.01, 0.1)), ints(rng, dtype, ())
+    inputs, consts = [("Ys", s(ys)), ("Yz", yz)], ["Ys", "Yz"]
+    for i in range(n):
+        shape = [3, 4]
+        shape[axis] = int(rng.integers(1, 4))
+        same = i == 0
+        inputs += [(f"X{i}", ints(rng, dtype, shape)), (f"S{i}", s(ys if same else rng.uniform(0.005, 0.2))),
+                   (f"Z{i}", yz if same else ints(rng, dtype, ()))]
+        consts += [f"S{i}", f"Z{i}"]
+    model, feeds = node_model("QLinearConcat", inputs, [dtype], consts=consts, axis=axis)
+    assert_exact(*run_both(model, feeds), "QLinearConcat")
+
+
+@given(shapes=broadcast_pair(), seed=seeds, dtype=st.sampled_from(QTYPES), same=st.integers(0, 2))
+def test_qlinear_where(shapes, seed, dtype, same):
+    rng = np.random.default_rng(seed)
+    zs, zz = F32(rng.uniform(0.01, 0.1)), ints(rng, dtype, ())
+    params = [(s(zs), zz) if same == i else (s(rng.uniform(0.005, 0.2)), ints(rng, dtype, ())) for i in range(2)]
+    cond = rng.integers(0, 2, np.broadcast_shapes(*shapes)[-1:]).astype(bool)
+    inputs = [("C", cond), ("X", ints(rng, dtype, shapes[0])), ("Xs", params[0][0]), ("Xz", params[0][1]),
+              ("Y", ints(rng, dtype, shapes[1])), ("Ys", params[1][0]), ("Yz", params[1][1]), ("Zs", s(zs)), ("Zz", zz)]
+    model, feeds = node_model("QLinearWhere", inputs, [dtype], consts=("Xs", "Xz", "Ys", "Yz", "Zs", "Zz"))
+    assert_exact(*run_both(model, feeds), "QLinearWhere")
+
+
+def pool_params(rng, dtype):
+    return [("Xs", s(rng.uniform(0.01, 0.1))), ("Xz", ints(rng, dtype, ())), ("Ys", s(rng.uniform(0.01, 0.1))),
+            ("Yz", ints(rng, dtype, ()))]
+
+
+@given(seed=seeds, dtype=st.sampled_from(QTYPES), shape=st.lists(st.integers(1, 9), min_size=3, max_size=5),
+       channels_last=st.integers(0, 1))
+def test_qlinear_global_average_pool(seed, dtype, shape, channels_last):
+    rng = np.random.default_rng(seed)
+    x = ints(rng, dtype, shape)
+    model, feeds = node_model("QLinearGlobalAveragePool", [("X", x)] + pool_params(rng, dtype), [dtype],
+                              consts=("Xs", "Xz", "Ys", "Yz"), channels_last=channels_last)
+    assert_exact(*run_both(model, feeds), "QLinearGlobalAveragePool")
+
+
+AVG_CASES = [dict(kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1, pads=[1, 1, 0, 0]),
+             dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
+             dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             dict(kernel_shape=[3, 3], auto_pad="SAME_UPPER"),
+             dict(kernel_shape=[2, 3], strides=[1, 2], auto_pad="SAME_LOWER"),
+             dict(kernel_shape=[6, 7]),  # the whole image: onnxruntime's integer global path
+             dict(kernel_shape=[3], strides=[2], pads=[1, 1]),
+             dict(kernel_shape=[2, 2, 2], strides=[1, 2, 2], pads=[0, 1, 0, 1, 0, 1])]
+
+
+@pytest.mark.parametrize("attrs", AVG_CASES, ids=[str(i) for i in range(len(AVG_CASES))])
+@pytest.mark.parametrize("dtype", QTYPES, ids=["uint8", "int8"])
+def test_qlinear_average_pool(attrs, dtype):
+    rng = np.random.default_rng(11)
+    for cip in (0, 1):
+        for cl in (0, 1):
+            shape = {1: (2, 4, 9), 2: (2, 3, 6, 7), 3: (1, 2, 4, 5, 6)}[len(attrs["kernel_shape"])]
+            if cl:
+                shape = (shape[0],) + shape[2:] + (shape[1],)
+            model, feeds = node_model("QLinearAveragePool", [("X", ints(rng, dtype, shape))] + pool_params(rng, dtype),
+                                      [dtype], consts=("Xs", "Xz", "Ys", "Yz"), count_include_pad=cip,
+                                      channels_last=cl, **attrs)
+            assert_exact(*run_both(model, feeds), f"QLinearAveragePool {attrs} cip {cip} cl {cl}")
