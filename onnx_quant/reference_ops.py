@@ -7,10 +7,15 @@
   versions' semantics (10: per-tensor; 13: ``axis``; 19: float8, ``saturate``; 21: blocks). An
   integer QuantizeLinear saturates in float before the cast (onnx's casts to int32 first, so
   |x / scale| >= 2^31 wrapped); NaN gives the type's lowest value, as onnxruntime's MLAS does.
-- com.microsoft (opset 1): the QLinear element-wise ops, pools, softmax, Concat and Where, with
-  onnxruntime 1.32's CPU numerics as docs/kernels.md describes them (read from its MLAS
-  sources): integer sums exact, float steps in float32 where onnxruntime computes in float32,
-  round half to even, saturation in float before the cast, absent zero points 0.
+- com.microsoft (opset 1): the QLinear element-wise ops, pools, softmax, Concat and Where, QGemm,
+  DynamicQuantizeMatMul, MatMulIntegerToFloat and DynamicQuantizeLSTM, with onnxruntime 1.32's
+  CPU numerics as docs/kernels.md describes them (read from its MLAS sources). Integer products
+  are exact: int64 sums, wrapped to int32 as onnxruntime's accumulators wrap; float steps in
+  float32 where onnxruntime computes in float32; round half to even; saturation in float before
+  the cast; absent zero points 0.
+
+This oracle is exact where onnxruntime is not: onnxruntime's uint8 x int8 GEMMs saturate pairs
+of products at int16 on x86 CPUs with AVX2 and no VNNI; the sums here never saturate.
 
 Agreement with onnxruntime 1.32 (CPU, x86-64 with AVX2, FMA3 and VNNI; ORT_DISABLE_ALL), measured
 on one-node models of the generators in tests/onnx_quant/test_reference_ops.py run at larger
@@ -20,15 +25,20 @@ counts (the tests assert the same on every case they draw):
   256 x 256 operand tables, uint8 and int8, both broadcast orders, tie-prone scales; without
   exact fused multiply-adds 20,531 of QLinearAdd's differ), QLinearSigmoid and QLinearLeakyRelu
   0 of 65,536 each (256 tables of all 256 inputs), QLinearSoftmax 0 of 827,566 (300 cases,
-  opsets 11 / 13 / 21, rows up to 3000), QLinearAveragePool 0 of 364,321,
-  QLinearGlobalAveragePool 0 of 6,278, QLinearConcat 0 of 17,404, QLinearWhere 0 of 41,740; Q /
-  DQ of opsets 10-21. On CPUs without AVX2 / FMA3 onnxruntime runs other MLAS kernels (the tests
-  allow one step there).
+  opsets 11 / 13 / 21, rows up to 3000), QGemm, DynamicQuantizeMatMul and MatMulIntegerToFloat
+  0 of 109,081 each, QLinearAveragePool 0 of 364,321, QLinearGlobalAveragePool 0 of 6,278,
+  QLinearConcat 0 of 17,404, QLinearWhere 0 of 41,740; Q / DQ of opsets 10-21. On CPUs without
+  AVX2 / FMA3 onnxruntime runs other MLAS kernels (the tests allow one step there).
+- DynamicQuantizeLSTM as onnxruntime documents it (not a float LSTM over dequantized weights): X
+  and every step's [batch, H] state quantized to uint8 by GetQuantizationParameter, exact sums,
+  MLAS's scale output processor and onnxruntime's order of gate sums; the sigmoid / tanh are
+  numpy's, not MLAS's polynomials: max |diff| 4.8e-7 (tests: 1e-5).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import onnx
@@ -37,6 +47,8 @@ from onnx.reference.op_run import OpRun
 from onnx.reference.ops._quant_utils import reshape_input
 from onnx.reference.ops.op_dequantize_linear import _CommonDequantizeLinear
 from onnx.reference.ops.op_quantize_linear import _QUANT_INTEGER_RANGES, _CommonQuantizeLinear
+
+from onnx_quant.errors import ExecutionError
 
 F32 = np.float32
 MS = "com.microsoft"
@@ -74,6 +86,11 @@ def _f(s) -> F32:
     return F32(np.asarray(s, F32).reshape(-1)[0])
 
 
+def _i32(acc: np.ndarray) -> np.ndarray:
+    """An exact int64 sum wrapped to int32, as onnxruntime's int32 accumulators wrap."""
+    return ((acc.astype(np.int64) + 2**31) % 2**32 - 2**31).astype(np.int32)
+
+
 def x86_saturate(v, dtype) -> np.ndarray:
     """cvtps2dq (round half to even; NaN / beyond int32 -> INT_MIN), then saturating packs."""
     lo, hi = _qrange(dtype)
@@ -100,6 +117,56 @@ def requantize(acc, scale, zp, dtype) -> np.ndarray:
     v = (np.asarray(acc).astype(F32) * np.asarray(scale, F32)).astype(F32)
     v = np.minimum(np.maximum(v, F32(lo - zp)), F32(hi - zp))
     return (np.rint(v).astype(np.int32) + zp).astype(dtype)
+
+
+def quantization_parameters(x) -> tuple[F32, int]:
+    """onnxruntime's GetQuantizationParameter<uint8> (core/util/qmath.h): the range widened to
+    0, scale (max - min) / 255 (1 when max == min), zero point RN(0 - min / scale) clamped to
+    [0, 255] and rounded half to even."""
+    x = np.asarray(x, F32)
+    lo = min(F32(x.min()), F32(0)) if x.size else F32(0)
+    hi = max(F32(x.max()), F32(0)) if x.size else F32(0)
+    scale = F32(1) if hi == lo else F32(F32(hi - lo) / F32(255))
+    zp = F32(F32(0) - F32(lo / scale))
+    return scale, int(np.rint(min(max(zp, F32(0)), F32(255))))
+
+
+# ----------------------------------------------------------------------------- activations
+
+#: name: (default parameters, f(x, *params)), as onnxruntime's fused activations and ONNX's RNN
+#: activations define them (alpha then beta; Selu alpha then gamma; Clip min then max)
+ACTIVATIONS: dict[str, tuple[tuple[float, ...], Any]] = {
+    "relu": ((), lambda x: np.maximum(x, 0)),
+    "tanh": ((), np.tanh),
+    "sigmoid": ((), lambda x: 1 / (1 + np.exp(-x))),
+    "softsign": ((), lambda x: x / (1 + np.abs(x))),
+    "softplus": ((), lambda x: np.log1p(np.exp(x))),
+    "leakyrelu": ((0.01,), lambda x, a: np.where(x >= 0, x, a * x)),
+    "thresholdedrelu": ((1.0,), lambda x, a: np.where(x > a, x, 0)),
+    "elu": ((1.0,), lambda x, a: np.where(x >= 0, x, a * (np.exp(x) - 1))),
+    "hardsigmoid": ((0.2, 0.5), lambda x, a, b: np.clip(a * x + b, 0, 1)),
+    "scaledtanh": ((1.0, 1.0), lambda x, a, b: a * np.tanh(b * x)),
+    "affine": ((1.0, 0.0), lambda x, a, b: a * x + b),
+    "parametricsoftplus": ((1.0, 1.0), lambda x, a, b: a * np.log1p(np.exp(b * x))),
+    "selu": ((1.67326319217681884765625, 1.05070102214813232421875),
+             lambda x, a, g: g * np.where(x > 0, x, a * (np.exp(x) - 1))),
+    "clip": ((-float("inf"), float("inf")), lambda x, lo, hi: np.clip(x, lo, hi)),
+}
+
+
+def activate(name, x: np.ndarray, params=()) -> np.ndarray:
+    """``x`` through the activation ``name`` (case-insensitive; "" / None: identity) with the
+    parameters given (None entries and missing ones take the defaults), in x's dtype."""
+    if not name:
+        return x
+    key = (name.decode() if isinstance(name, bytes) else name).lower()
+    if key not in ACTIVATIONS:
+        raise ExecutionError(f"activation {name!r}: expected one of {sorted(ACTIVATIONS)}")
+    defaults, fn = ACTIVATIONS[key]
+    params = list(params)[: len(defaults)]
+    params = [d if i >= len(params) or params[i] is None else params[i] for i, d in enumerate(defaults)]
+    with np.errstate(over="ignore"):
+        return np.asarray(fn(x, *(x.dtype.type(p) for p in params)), x.dtype)
 
 
 # ----------------------------------------------------------------------------- Q / DQ, every opset
@@ -348,9 +415,138 @@ class QLinearAveragePool(_MS):
         return (np.moveaxis(y, 1, -1) if channels_last else y,)
 
 
+def _matmul_i64(a, az, b, bz) -> np.ndarray:
+    """Exact sum of (a - az)(b - bz): int64, wrapped to int32. bz: absent, a scalar or per column."""
+    bz = np.zeros((), np.int64) if bz is None else np.asarray(bz).astype(np.int64)
+    return _i32(np.matmul(a.astype(np.int64) - az, b.astype(np.int64) - bz))
+
+
+def _scale_bias_output(acc, multiplier, bias) -> np.ndarray:
+    """MLAS's scale-bias output processor: RN(RN(f32(acc) multiplier) + bias)."""
+    y = (acc.astype(multiplier.dtype) * multiplier).astype(multiplier.dtype)
+    return y if bias is None else (y + bias).astype(multiplier.dtype)
+
+
+class QGemm(_MS):
+    """acc = (A' - a_zp)(B' - b_zp) (+ C, int32), multiplier RN(RN(alpha a_scale) b_scale) (/ y_scale);
+    no y_scale: RN(f32(acc) multiplier) float32; else MlasRequantizeOutput to y_zp's type."""
+
+    def _run(self, a, sa, za, b, sb, zb, c=None, ys=None, yz=None, alpha=1.0, transA=0, transB=0):
+        a, b = (a.T if transA else a), (b.T if transB else b)
+        acc = _matmul_i64(a, _zp(za), b, None if zb is None else np.asarray(zb).reshape(-1))
+        if c is not None:
+            acc = _i32(acc.astype(np.int64) + c.astype(np.int64))
+        m = (F32(F32(alpha) * _f(sa)) * np.asarray(sb, F32).reshape(-1)).astype(F32)
+        if ys is None:
+            return ((acc.astype(F32) * m).astype(F32),)
+        m = (m / _f(ys)).astype(F32)
+        return (requantize(acc, m, _zp(yz), np.uint8 if yz is None else np.asarray(yz).dtype),)
+
+
+class MatMulIntegerToFloat(_MS):
+    """RN(RN(f32(sum (a - a_zp)(b - b_zp)) RN(a_scale b_scale)) + bias) in the scales' type."""
+
+    def _run(self, a, b, sa, sb, za=None, zb=None, bias=None):
+        acc = _matmul_i64(a, _zp(za), b, zb)
+        m = (np.asarray(sa).reshape(-1)[0] * np.asarray(sb)).astype(np.asarray(sa).dtype)
+        return (_scale_bias_output(acc, m, bias),)
+
+
+class DynamicQuantizeMatMul(_MS):
+    """A quantized to uint8 with GetQuantizationParameter and MlasQuantizeLinear, then as
+    MatMulIntegerToFloat with a_scale, a_zp."""
+
+    def _run(self, a, b, sb, zb=None, bias=None):
+        scale, zp = quantization_parameters(a)
+        acc = _matmul_i64(mlas_quantize(a, scale, zp, np.uint8), zp, b, zb)
+        return (_scale_bias_output(acc, (scale * np.asarray(sb, F32)).astype(F32), bias),)
+
+
+def _rnn_activations(names, alphas, betas, directions: int, defaults=("Sigmoid", "Tanh", "Tanh")):
+    """Per direction, the LSTM's (f, g, h) as callables; alpha / beta consumed in order by the
+    activations that take them (ONNX's RNN rule)."""
+    names = [n.decode() if isinstance(n, bytes) else n for n in (names or list(defaults) * directions)]
+    alphas, betas = list(alphas or []), list(betas or [])
+    out = []
+    for name in names:
+        n_params = len(ACTIVATIONS.get(name.lower(), ((),))[0])
+        params = [alphas.pop(0) if n_params > 0 and alphas else None,
+                  betas.pop(0) if n_params > 1 and betas else None]
+        out.append(lambda x, name=name, params=params: activate(name, x, params))
+    return [out[3 * d: 3 * d + 3] for d in range(directions)]
+
+
+class DynamicQuantizeLSTM(_MS):
+    """onnxruntime's DynamicQuantizeLSTM (docs/kernels.md), not a float LSTM over dequantized
+    weights: X (its first max(sequence_lens) steps, every batch) and, every step, the whole
+    [batch, H] state quantized to uint8 by GetQuantizationParameter; exact sums of (q - zp)(w -
+    w_zp) with the direction's first weight zero point; a gate's input RN(RN(f32(acc_h)
+    RN(h_scale r_scale)) + RN(f32(acc_x) RN(x_scale w_scale))), + RN(P c), + RN(Wb + Rb), clipped;
+    gates i, o, f, c. A finished sequence's state row enters the next range as 0 when Y is an
+    output, as its last state otherwise; a sequence of length 0 has Y_h = Y_c = 0."""
+
+    def _run(self, X, W, R, B=None, seq_lens=None, h0=None, c0=None, P=None, ws=None, wz=None, rs=None, rz=None,
+             hidden_size=None, direction="forward", activations=None, activation_alpha=None, activation_beta=None,
+             clip=None, input_forget=0):
+        direction = direction.decode() if isinstance(direction, bytes) else direction
+        S, N, _ = X.shape
+        D, H = W.shape[0], R.shape[1]
+        G = 4 * H
+        lens = np.full(N, S, np.int64) if seq_lens is None else np.clip(seq_lens.astype(np.int64), 0, S)
+        acts = _rnn_activations(activations, activation_alpha, activation_beta, D)
+        max_len = int(lens.max(initial=0))
+        xs, xzp = quantization_parameters(X[:max_len])
+        xq = mlas_quantize(X, xs, xzp, np.uint8).astype(np.int64) - xzp
+        y_is_output = len(self.onnx_node.output) > 0 and self.onnx_node.output[0] != ""
+        Y = np.zeros((S, D, N, H), F32)
+        Yh, Yc = np.zeros((D, N, H), F32), np.zeros((D, N, H), F32)
+        rows = np.arange(N)
+        for d in range(D):
+            f, g, h_act = acts[d]
+            reverse = direction == "reverse" or d == 1
+            wcol = np.broadcast_to(np.asarray(ws, F32).reshape(D, -1)[d], (G,))
+            rcol = np.broadcast_to(np.asarray(rs, F32).reshape(D, -1)[d], (G,))
+            Wd = W[d].astype(np.int64) - int(np.asarray(wz).reshape(D, -1)[d, 0])
+            Rd = R[d].astype(np.int64) - int(np.asarray(rz).reshape(D, -1)[d, 0])
+            bias = np.zeros(G, F32) if B is None else (B[d, :G] + B[d, G:]).astype(F32)
+            pi, po, pf = (None,) * 3 if P is None else np.split(P[d].astype(F32), 3)
+            h = np.zeros((N, H), F32) if h0 is None else h0[d].astype(F32)
+            c = np.zeros((N, H), F32) if c0 is None else c0[d].astype(F32)
+            h_prev = h
+            mx = (xs * wcol).astype(F32)
+
+            def gate(k, pre, peep=None, cell=None):
+                v = pre[:, k * H:(k + 1) * H]
+                if peep is not None:
+                    v = (v + (peep * cell).astype(F32)).astype(F32)
+                v = (v + bias[k * H:(k + 1) * H]).astype(F32)
+                return v if clip is None else np.clip(v, F32(-clip), F32(clip))
+
+            for step in range(S):
+                hs, hzp = quantization_parameters(h_prev)
+                hq = mlas_quantize(h_prev, hs, hzp, np.uint8).astype(np.int64) - hzp
+                run = step < lens
+                t = np.where(reverse & run, lens - 1 - step, step)
+                ax = _i32(xq[t, rows] @ Wd).astype(F32)
+                ah = _i32(hq @ Rd).astype(F32)
+                pre = ((ah * (hs * rcol).astype(F32)).astype(F32) + (ax * mx).astype(F32)).astype(F32)
+                gi = f(gate(0, pre, pi, c))
+                gf = (F32(1) - gi).astype(F32) if input_forget else f(gate(2, pre, pf, c))
+                cn = (gf * c + gi * g(gate(3, pre))).astype(F32)
+                hn = (f(gate(1, pre, po, cn)) * h_act(cn)).astype(F32)
+                live = run[:, None]
+                h, c = np.where(live, hn, h), np.where(live, cn, c)
+                Y[t[run], d, rows[run]] = hn[run]
+                h_prev = np.where(live, h, F32(0)) if y_is_output else h
+            alive = (lens > 0)[:, None]
+            Yh[d], Yc[d] = np.where(alive, h, F32(0)), np.where(alive, c, F32(0))
+        return Y, Yh, Yc
+
+
 OPS: list[type[OpRun]] = [
     QuantizeLinear, DequantizeLinear, QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu, QLinearSoftmax,
-    QLinearConcat, QLinearWhere, QLinearGlobalAveragePool, QLinearAveragePool,
+    QLinearConcat, QLinearWhere, QLinearGlobalAveragePool, QLinearAveragePool, QGemm, DynamicQuantizeMatMul,
+    MatMulIntegerToFloat, DynamicQuantizeLSTM,
 ]
 
 

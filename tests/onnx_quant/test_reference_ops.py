@@ -296,3 +296,130 @@ def test_qlinear_average_pool(attrs, dtype):
                                       [dtype], consts=("Xs", "Xz", "Ys", "Yz"), count_include_pad=cip,
                                       channels_last=cl, **attrs)
             assert_exact(*run_both(model, feeds), f"QLinearAveragePool {attrs} cip {cip} cl {cl}")
+
+
+# ----------------------------------------------------------------------------- integer GEMMs
+
+def weights(rng, dtype, shape):
+    """uint8 anywhere, int8 within [-64, 64]: no int16 saturation in onnxruntime on any CPU."""
+    return ints(rng, dtype, shape, -64, 64) if dtype == np.int8 else ints(rng, dtype, shape)
+
+
+def weight_zp(rng, dtype, shape=()):
+    return np.zeros(shape, np.int8) if dtype == np.int8 else ints(rng, np.uint8, shape, 100, 156)
+
+
+@given(seed=seeds, m=st.integers(1, 9), k=st.integers(1, 40), n=st.integers(1, 9), ta=st.integers(0, 1),
+       tb=st.integers(0, 1), types=st.sampled_from([(np.uint8, np.uint8), (np.uint8, np.int8), (np.int8, np.int8)]),
+       per_column=st.booleans(), quantized=st.booleans(), c_kind=st.sampled_from([None, "N", "MN", "1"]))
+def test_qgemm(seed, m, k, n, ta, tb, types, per_column, quantized, c_kind):
+    rng = np.random.default_rng(seed)
+    at, bt = types
+    a = ints(rng, at, (k, m) if ta else (m, k))
+    b = weights(rng, bt, (n, k) if tb else (k, n))
+    bshape = (n,) if per_column else ()
+    c = None if c_kind is None else ints(rng, np.int32, {"N": (n,), "MN": (m, n), "1": (1,)}[c_kind], -5000, 5000)
+    yt = at if quantized else np.float32
+    alpha = float(rng.choice([1.0, 0.5, 2.5]))
+    inputs = [("A", a), ("As", s(rng.uniform(0.001, 0.05))), ("Az", ints(rng, at, ())), ("B", b),
+              ("Bs", rng.uniform(0.001, 0.05, bshape).astype(F32)), ("Bz", weight_zp(rng, bt, bshape)), ("C", c),
+              ("Ys", s(rng.uniform(0.01, 0.5)) if quantized else None), ("Yz", ints(rng, at, ()) if quantized else None)]
+    model, feeds = node_model("QGemm", inputs, [yt], consts=("As", "Az", "B", "Bs", "Bz", "C", "Ys", "Yz"),
+                              transA=ta, transB=tb, alpha=alpha)
+    assert_exact(*run_both(model, feeds), "QGemm")
+
+
+def test_qgemm_exact_where_onnxruntime_may_saturate():
+    """Full-range int8 weights with uint8 A: the reference is the exact int64 sum (what
+    onnxruntime gives on VNNI hosts, and not on AVX2-only ones), so no onnxruntime here."""
+    rng = np.random.default_rng(1)
+    a, b = np.full((4, 64), 255, np.uint8), ints(rng, np.int8, (64, 5), -128, 127)
+    b[:, 0] = 127
+    model, feeds = node_model("QGemm", [("A", a), ("As", s(1.0)), ("Az", np.array(0, np.uint8)), ("B", b),
+                                        ("Bs", s(1.0)), ("Bz", np.array(0, np.int8))], [np.float32],
+                              consts=("As", "Az", "B", "Bs", "Bz"))
+    (got,) = reference_evaluator(model).run(None, feeds)
+    assert np.array_equal(got, (a.astype(np.int64) @ b.astype(np.int64)).astype(F32))
+    assert got[0, 0] == 255 * 127 * 64
+
+
+@given(seed=seeds, a_shape=st.lists(st.integers(1, 6), min_size=1, max_size=3), k=st.integers(1, 33),
+       n=st.integers(1, 8), bt=st.sampled_from(QTYPES), per_column=st.booleans(), bias=st.booleans(),
+       zp=st.booleans())
+def test_dynamic_quantize_matmul(seed, a_shape, k, n, bt, per_column, bias, zp):
+    rng = np.random.default_rng(seed)
+    a = (rng.standard_normal(a_shape + [k]) * rng.uniform(0.1, 5) + rng.uniform(-1, 1)).astype(F32)
+    bshape = (n,) if per_column else ()
+    model, feeds = node_model("DynamicQuantizeMatMul", [
+        ("A", a), ("B", weights(rng, bt, (k, n))), ("Bs", rng.uniform(0.001, 0.05, bshape).astype(F32)),
+        ("Bz", weight_zp(rng, bt, bshape) if zp else None),
+        ("bias", rng.standard_normal(n).astype(F32) if bias else None)],
+        [np.float32], consts=("B", "Bs", "Bz", "bias"))
+    assert_exact(*run_both(model, feeds), "DynamicQuantizeMatMul")
+
+
+@given(seed=seeds, a_shape=st.lists(st.integers(1, 6), min_size=1, max_size=3), k=st.integers(1, 33),
+       n=st.integers(1, 8), types=st.sampled_from([(np.uint8, np.uint8), (np.uint8, np.int8), (np.int8, np.int8)]),
+       per_column=st.booleans(), bias=st.booleans())
+def test_matmul_integer_to_float(seed, a_shape, k, n, types, per_column, bias):
+    rng = np.random.default_rng(seed)
+    at, bt = types
+    bshape = (n,) if per_column else ()
+    model, feeds = node_model("MatMulIntegerToFloat", [
+        ("A", ints(rng, at, a_shape + [k])), ("B", weights(rng, bt, (k, n))), ("As", s(rng.uniform(0.001, 0.05))),
+        ("Bs", rng.uniform(0.001, 0.05, bshape).astype(F32)), ("Az", ints(rng, at, ())),
+        ("Bz", weight_zp(rng, bt, bshape)), ("bias", rng.standard_normal(n).astype(F32) if bias else None)],
+        [np.float32], consts=("B", "As", "Bs", "Az", "Bz", "bias"))
+    assert_exact(*run_both(model, feeds), "MatMulIntegerToFloat")
+
+
+# ----------------------------------------------------------------------------- DynamicQuantizeLSTM
+
+LSTM_CASES = {
+    "forward": {},
+    "reverse": {"direction": "reverse"},
+    "bidirectional per-column uint8": {"direction": "bidirectional", "per_channel": True, "wtype": np.uint8},
+    "initial states, peepholes": {"initial": True, "peepholes": True, "direction": "bidirectional"},
+    "sequence_lens": {"batch": 4, "seq_lens": [4, 1, 3, 0], "direction": "bidirectional", "initial": True},
+    "sequence_lens without Y": {"batch": 3, "seq_lens": [2, 4, 1], "outputs": ("Y_h", "Y_c")},
+    "clip, input_forget, no bias": {"clip": 0.7, "input_forget": 1, "bias": False},
+    "activations": {"activations": ["HardSigmoid", "LeakyRelu", "Tanh"], "activation_alpha": [0.3, 0.05],
+                    "activation_beta": [0.4]},
+}
+
+
+@pytest.mark.parametrize("case", list(LSTM_CASES))
+def test_dynamic_quantize_lstm(case):
+    cfg = dict(seq=4, batch=2, inp=5, hidden=3, direction="forward", wtype=np.int8, per_channel=False, bias=True,
+               seq_lens=None, initial=False, peepholes=False, outputs=("Y", "Y_h", "Y_c")) | LSTM_CASES[case]
+    attrs = {k: cfg.pop(k) for k in list(cfg) if k in ("clip", "input_forget", "activations", "activation_alpha",
+                                                        "activation_beta")}
+    rng = np.random.default_rng(len(case))
+    d, h, wt = 2 if cfg["direction"] == "bidirectional" else 1, cfg["hidden"], cfg["wtype"]
+    sshape = [d, 4 * h] if cfg["per_channel"] else [d]
+    zp = np.zeros(sshape, wt) if wt == np.int8 else np.full(sshape, rng.integers(100, 150), wt)
+    x = rng.standard_normal([cfg["seq"], cfg["batch"], cfg["inp"]]).astype(F32)
+    opt = {"B": rng.standard_normal([d, 8 * h]).astype(F32) if cfg["bias"] else None,
+           "sequence_lens": None if cfg["seq_lens"] is None else np.asarray(cfg["seq_lens"], np.int32),
+           "initial_h": rng.standard_normal([d, cfg["batch"], h]).astype(F32) if cfg["initial"] else None,
+           "initial_c": rng.standard_normal([d, cfg["batch"], h]).astype(F32) if cfg["initial"] else None,
+           "P": rng.standard_normal([d, 3 * h]).astype(F32) if cfg["peepholes"] else None}
+    inputs = [("X", x), ("W", weights(rng, wt, [d, cfg["inp"], 4 * h])), ("R", weights(rng, wt, [d, h, 4 * h]))]
+    inputs += list(opt.items()) + [("W_scale", (rng.random(sshape) * 0.02 + 0.001).astype(F32)),
+                                   ("W_zero_point", zp), ("R_scale", (rng.random(sshape) * 0.02 + 0.001).astype(F32)),
+                                   ("R_zero_point", zp.copy())]
+    model, feeds = node_model("DynamicQuantizeLSTM", inputs, [F32] * 3, consts=("W", "R", "W_scale", "W_zero_point",
+                                                                             "R_scale", "R_zero_point"),
+                              hidden_size=h, direction=cfg["direction"], **attrs)
+    node = model.graph.node[0]
+    keep = [o if o in cfg["outputs"] else "" for o in ("Y", "Y_h", "Y_c")]
+    names = dict(zip(("Y", "Y_h", "Y_c"), node.output))
+    del node.output[:], model.graph.output[:]
+    node.output.extend([names[o] if o else "" for o in keep])
+    model.graph.output.extend([helper.make_tensor_value_info(names[o], TensorProto.FLOAT, None) for o in keep if o])
+    ref = reference_evaluator(model).run(None, feeds)
+    ort = onnxruntime_run(model, feeds, level="ORT_DISABLE_ALL", threads=1)
+    assert len(ref) == len(ort)
+    for r, o in zip(ref, ort):
+        assert r.shape == o.shape and r.dtype == o.dtype
+        assert float(np.abs(r - o).max(initial=0)) <= 1e-5, case
