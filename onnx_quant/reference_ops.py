@@ -8,11 +8,11 @@
   integer QuantizeLinear saturates in float before the cast (onnx's casts to int32 first, so
   |x / scale| >= 2^31 wrapped); NaN gives the type's lowest value, as onnxruntime's MLAS does.
 - com.microsoft (opset 1): the QLinear element-wise ops, pools, softmax, Concat and Where, QGemm,
-  DynamicQuantizeMatMul, MatMulIntegerToFloat and DynamicQuantizeLSTM, with onnxruntime 1.32's
-  CPU numerics as docs/kernels.md describes them (read from its MLAS sources). Integer products
-  are exact: int64 sums, wrapped to int32 as onnxruntime's accumulators wrap; float steps in
-  float32 where onnxruntime computes in float32; round half to even; saturation in float before
-  the cast; absent zero points 0.
+  DynamicQuantizeMatMul, MatMulIntegerToFloat, DynamicQuantizeLSTM, FusedMatMul, FusedConv,
+  FusedGemm, QuickGelu and Gelu, with onnxruntime 1.32's CPU numerics as docs/kernels.md
+  describes them (read from its MLAS sources). Integer products are exact: int64 sums, wrapped
+  to int32 as onnxruntime's accumulators wrap; float steps in float32 where onnxruntime computes
+  in float32; round half to even; saturation in float before the cast; absent zero points 0.
 
 This oracle is exact where onnxruntime is not: onnxruntime's uint8 x int8 GEMMs saturate pairs
 of products at int16 on x86 CPUs with AVX2 and no VNNI; the sums here never saturate.
@@ -27,12 +27,18 @@ counts (the tests assert the same on every case they draw):
   0 of 65,536 each (256 tables of all 256 inputs), QLinearSoftmax 0 of 827,566 (300 cases,
   opsets 11 / 13 / 21, rows up to 3000), QGemm, DynamicQuantizeMatMul and MatMulIntegerToFloat
   0 of 109,081 each, QLinearAveragePool 0 of 364,321, QLinearGlobalAveragePool 0 of 6,278,
-  QLinearConcat 0 of 17,404, QLinearWhere 0 of 41,740; Q / DQ of opsets 10-21. On CPUs without
-  AVX2 / FMA3 onnxruntime runs other MLAS kernels (the tests allow one step there).
+  QLinearConcat 0 of 17,404, QLinearWhere 0 of 41,740; Q / DQ of opsets 10-21; whole QOperator
+  models from onnxruntime.quantization (with onnx's own QLinearConv). On CPUs without AVX2 / FMA3
+  onnxruntime runs other MLAS kernels (the tests allow one step there).
 - DynamicQuantizeLSTM as onnxruntime documents it (not a float LSTM over dequantized weights): X
   and every step's [batch, H] state quantized to uint8 by GetQuantizationParameter, exact sums,
   MLAS's scale output processor and onnxruntime's order of gate sums; the sigmoid / tanh are
   numpy's, not MLAS's polynomials: max |diff| 4.8e-7 (tests: 1e-5).
+- FusedMatMul, FusedConv, FusedGemm, Gelu, QuickGelu (other summation orders and elementary
+  functions): max relative diff 1.8e-7 (tests: 1e-5).
+
+Not supplied: QAttention and QEmbedLayerNormalization (what the quantizer writes for Attention and
+EmbedLayerNormalization); onnx.reference names them when a model has them.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ import onnx
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 from onnx.reference.ops._quant_utils import reshape_input
+from onnx.reference.ops.op_conv import _conv_implementation
 from onnx.reference.ops.op_dequantize_linear import _CommonDequantizeLinear
 from onnx.reference.ops.op_quantize_linear import _QUANT_INTEGER_RANGES, _CommonQuantizeLinear
 
@@ -52,7 +59,6 @@ from onnx_quant.errors import ExecutionError
 
 F32 = np.float32
 MS = "com.microsoft"
-
 
 # ----------------------------------------------------------------------------- numerics
 
@@ -543,10 +549,69 @@ class DynamicQuantizeLSTM(_MS):
         return Y, Yh, Yc
 
 
+def _batch_transposed(x, trans: int, trans_batch: int) -> np.ndarray:
+    if trans_batch and x.ndim > 2:
+        x = np.moveaxis(x, 0, -2)
+    return np.swapaxes(x, -1, -2) if trans and x.ndim >= 2 else x
+
+
+class FusedMatMul(_MS):
+    """alpha op(A) op(B): op transposes the last two axes (transA/B) after moving axis 0 before
+    the last one (transBatchA/B)."""
+
+    def _run(self, a, b, alpha=1.0, transA=0, transB=0, transBatchA=0, transBatchB=0):
+        y = np.matmul(_batch_transposed(a, transA, transBatchA), _batch_transposed(b, transB, transBatchB))
+        return ((y * a.dtype.type(alpha)).astype(a.dtype),)
+
+
+class FusedConv(_MS):
+    """activation(Conv(X, W, B) + Z); activation_params: LeakyRelu [alpha], Clip [min, max],
+    HardSigmoid [alpha, beta]."""
+
+    def _run(self, x, w, b=None, z=None, activation=None, activation_params=None, auto_pad="NOTSET",
+             dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+        auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+        y = _conv_implementation(x, w, b, auto_pad, dilations, group, kernel_shape, pads, strides).astype(x.dtype)
+        if z is not None:
+            y = (y + z).astype(x.dtype)
+        return (activate(activation, y, activation_params or ()),)
+
+
+class FusedGemm(_MS):
+    """activation(alpha A' B' + beta C) with activation_alpha / beta / gamma (Selu: alpha, gamma)."""
+
+    def _run(self, a, b, c=None, alpha=1.0, beta=1.0, transA=0, transB=0, activation=None,
+             activation_alpha=None, activation_beta=None, activation_gamma=None):
+        y = (a.T if transA else a) @ (b.T if transB else b) * a.dtype.type(alpha)
+        if c is not None:
+            y = y + a.dtype.type(beta) * c
+        name = (activation.decode() if isinstance(activation, bytes) else activation) or ""
+        params = (activation_alpha, activation_gamma if name.lower() == "selu" else activation_beta)
+        return (activate(name, y.astype(a.dtype), params),)
+
+
+class QuickGelu(_MS):
+    """x sigmoid(alpha x)."""
+
+    def _run(self, x, alpha=1.702):
+        with np.errstate(over="ignore"):
+            return ((x / (1 + np.exp(-x.dtype.type(alpha) * x))).astype(x.dtype),)
+
+
+class Gelu(_MS):
+    """x (1 + erf(x / sqrt 2)) / 2, in float64."""
+
+    _erf = np.vectorize(math.erf, otypes=[np.float64])
+
+    def _run(self, x):
+        v = x.astype(np.float64)
+        return ((0.5 * v * (1 + self._erf(v / math.sqrt(2)))).astype(x.dtype),)
+
+
 OPS: list[type[OpRun]] = [
     QuantizeLinear, DequantizeLinear, QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu, QLinearSoftmax,
     QLinearConcat, QLinearWhere, QLinearGlobalAveragePool, QLinearAveragePool, QGemm, DynamicQuantizeMatMul,
-    MatMulIntegerToFloat, DynamicQuantizeLSTM,
+    MatMulIntegerToFloat, DynamicQuantizeLSTM, FusedMatMul, FusedConv, FusedGemm, QuickGelu, Gelu,
 ]
 
 

@@ -423,3 +423,73 @@ def test_dynamic_quantize_lstm(case):
     for r, o in zip(ref, ort):
         assert r.shape == o.shape and r.dtype == o.dtype
         assert float(np.abs(r - o).max(initial=0)) <= 1e-5, case
+
+
+# ----------------------------------------------------------------------------- float contrib ops
+
+@given(seed=seeds, batch=st.lists(st.integers(1, 3), min_size=0, max_size=2), m=st.integers(1, 5),
+       k=st.integers(1, 6), n=st.integers(1, 5), ta=st.integers(0, 1), tb=st.integers(0, 1),
+       tba=st.integers(0, 1), tbb=st.integers(0, 1))
+def test_fused_matmul(seed, batch, m, k, n, ta, tb, tba, tbb):
+    rng = np.random.default_rng(seed)
+
+    def shaped(rows, cols, trans, trans_batch):
+        last = [cols, rows] if trans else [rows, cols]
+        return (last[:1] + batch + last[1:]) if trans_batch and batch else (batch + last)
+    tba, tbb = (tba, tbb) if batch else (0, 0)  # onnxruntime: transBatch needs rank >= 3
+    a = rng.standard_normal(shaped(m, k, ta, tba)).astype(F32)
+    b = rng.standard_normal(shaped(k, n, tb, tbb)).astype(F32)
+    model, feeds = node_model("FusedMatMul", [("A", a), ("B", b)], [F32], alpha=float(rng.choice([1.0, 0.5, -2.0])),
+                              transA=ta, transB=tb, transBatchA=tba, transBatchB=tbb)
+    assert_close(*run_both(model, feeds), what="FusedMatMul")
+
+
+CONV_ACTS = [("Relu", []), ("LeakyRelu", [0.1]), ("Clip", [-0.5, 0.7]), ("HardSigmoid", [0.3, 0.4]), ("Sigmoid", []),
+             ("Tanh", [])]
+
+
+@pytest.mark.parametrize("act,params", CONV_ACTS, ids=[a for a, _ in CONV_ACTS])
+@pytest.mark.parametrize("with_z", [False, True])
+def test_fused_conv(act, params, with_z):
+    rng = np.random.default_rng(len(act))
+    x, w = rng.standard_normal((2, 4, 7, 6)).astype(F32), rng.standard_normal((6, 2, 3, 3)).astype(F32)
+    z = rng.standard_normal((2, 6, 4, 3)).astype(F32) if with_z else None
+    attrs = dict(activation=act, strides=[2, 2], pads=[1, 1, 1, 0], group=2)
+    if params:
+        attrs["activation_params"] = params
+    model, feeds = node_model("FusedConv", [("X", x), ("W", w), ("B", rng.standard_normal(6).astype(F32)), ("Z", z)],
+                              [F32], consts=("W", "B"), **attrs)
+    assert_close(*run_both(model, feeds), what=f"FusedConv {act}")
+
+
+GEMM_ACTS = [("Relu", {}), ("LeakyRelu", {"activation_alpha": 0.2}),
+             ("HardSigmoid", {"activation_alpha": 0.3, "activation_beta": 0.6}), ("Sigmoid", {}), ("Tanh", {}),
+             ("Elu", {"activation_alpha": 0.7}), ("Selu", {"activation_alpha": 1.6, "activation_gamma": 1.1}),
+             ("Softplus", {}), ("Softsign", {}), ("ThresholdedRelu", {"activation_alpha": 0.3}),
+             ("ScaledTanh", {"activation_alpha": 0.5, "activation_beta": 2.0}),
+             ("ParametricSoftplus", {"activation_alpha": 0.8, "activation_beta": 1.5})]
+
+
+@pytest.mark.parametrize("act,params", GEMM_ACTS, ids=[a for a, _ in GEMM_ACTS])
+def test_fused_gemm(act, params):
+    rng = np.random.default_rng(len(act))
+    a, b, c = (rng.standard_normal(sh).astype(F32) for sh in [(6, 4), (5, 6), (5,)])
+    model, feeds = node_model("FusedGemm", [("A", a), ("B", b), ("C", c)], [F32], transA=1, transB=1, alpha=0.5,
+                              beta=2.0, activation=act, **params)
+    assert_close(*run_both(model, feeds), what=f"FusedGemm {act}")
+
+
+@pytest.mark.parametrize("op,attrs", [("Gelu", {}), ("QuickGelu", {}), ("QuickGelu", {"alpha": 1.0})])
+def test_gelu_family(op, attrs):
+    x = np.concatenate([np.linspace(-10, 10, 401), [0.0, -0.0, 1e-30, 50, -50]]).astype(F32)
+    model, feeds = node_model(op, [("X", x)], [F32], **attrs)
+    assert_close(*run_both(model, feeds), what=op)
+
+
+def test_every_op_is_covered_here():
+    covered = {"QuantizeLinear", "DequantizeLinear", "QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu",
+               "QLinearSoftmax", "QLinearConcat", "QLinearWhere", "QLinearGlobalAveragePool", "QLinearAveragePool",
+               "QGemm", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "DynamicQuantizeLSTM", "FusedMatMul", "FusedConv",
+               "FusedGemm", "QuickGelu", "Gelu"}
+    assert {c.__name__ for c in OPS} == covered
+    assert all(c.op_domain == (MS if c.__name__ not in ("QuantizeLinear", "DequantizeLinear") else "") for c in OPS)
