@@ -493,3 +493,77 @@ def test_every_op_is_covered_here():
                "FusedGemm", "QuickGelu", "Gelu"}
     assert {c.__name__ for c in OPS} == covered
     assert all(c.op_domain == (MS if c.__name__ not in ("QuantizeLinear", "DequantizeLinear") else "") for c in OPS)
+
+
+# ----------------------------------------------------------------------------- whole quantized models
+
+def small_cnn(rng):
+    """A float CNN whose quantization writes every QOperator op above but the GEMM-free ones."""
+    w = {"W": rng.standard_normal((8, 3, 3, 3)) * 0.3, "B": rng.standard_normal(8),
+         "W2": rng.standard_normal((8, 8, 3, 3)) * 0.2, "B2": rng.standard_normal(8),
+         "G": rng.standard_normal((16, 5)) * 0.3, "GB": rng.standard_normal(5)}
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Conv", ["r", "W2", "B2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c2", "r"], ["a"]),
+             helper.make_node("LeakyRelu", ["a"], ["l"], alpha=0.1), helper.make_node("Sigmoid", ["l"], ["sg"]),
+             helper.make_node("Mul", ["sg", "l"], ["mm"]), helper.make_node("Concat", ["l", "mm"], ["cc"], axis=1),
+             helper.make_node("AveragePool", ["cc"], ["ap"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("GlobalAveragePool", ["ap"], ["gp"]), helper.make_node("Flatten", ["gp"], ["fl"]),
+             helper.make_node("Gemm", ["fl", "G", "GB"], ["gm"]), helper.make_node("Softmax", ["gm"], ["y"])]
+    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])],
+                              initializer=[numpy_helper.from_array(v.astype(F32), k) for k, v in w.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def small_rnn(rng):
+    w = {"W": rng.standard_normal((1, 16, 6)) * 0.5, "R": rng.standard_normal((1, 16, 4)) * 0.5,
+         "B": rng.standard_normal((1, 32)), "M": rng.standard_normal((4, 3))}
+    nodes = [helper.make_node("LSTM", ["x", "W", "R", "B"], ["h", "", ""], hidden_size=4),
+             helper.make_node("Squeeze", ["h", "one"], ["hs"]), helper.make_node("MatMul", ["hs", "M"], ["y"])]
+    graph = helper.make_graph(nodes, "rnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 2, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 2, 3])],
+                              initializer=[numpy_helper.from_array(v.astype(F32), k) for k, v in w.items()]
+                              + [numpy_helper.from_array(np.array([1], np.int64), "one")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.parametrize("form", ["QOperator", "QDQ", "dynamic"])
+def test_models_quantized_by_onnxruntime(tmp_path, form):
+    """Whole models as onnxruntime.quantization writes them (uint8 weights: see the oracle rule):
+    QOperator bit for bit (QLinearConv is onnx.reference's own), QDQ within one step of the
+    output's scale (its float Conv / Softmax sum in another order), dynamic within 1e-5."""
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic,
+                                          quantize_static)
+
+    rng = np.random.default_rng(12)
+    float_path, q_path = str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx")
+    onnx.save((small_rnn if form == "dynamic" else small_cnn)(rng), float_path)
+    shape = (5, 2, 6) if form == "dynamic" else (1, 3, 8, 8)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.data = iter([{"x": rng.standard_normal(shape).astype(F32)} for _ in range(8)])
+
+        def get_next(self):
+            return next(self.data, None)
+
+    if form == "dynamic":
+        quantize_dynamic(float_path, q_path, weight_type=QuantType.QUInt8)
+    else:
+        quantize_static(float_path, q_path, Reader(), quant_format=getattr(QuantFormat, form),
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QUInt8)
+    q = onnx.load(q_path)
+    ops = {n.op_type for n in q.graph.node}
+    if form == "QOperator":
+        assert {"QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearConcat",
+                "QLinearAveragePool", "QLinearGlobalAveragePool", "QGemm", "QLinearSoftmax"} <= ops, ops
+    if form == "dynamic":
+        assert {"DynamicQuantizeLSTM", "MatMulInteger", "DynamicQuantizeLinear"} <= ops, ops
+    for seed in range(3):
+        feeds = {"x": np.random.default_rng(100 + seed).standard_normal(shape).astype(F32)}
+        ref, ort = run_both(q, feeds, threads=1)
+        if form == "QOperator":
+            assert_exact(ref, ort, "QOperator model")
+        else:
+            assert_close(ref, ort, rtol=0, atol=1.01 / 255 if form == "QDQ" else 1e-5, what=form)
