@@ -65,7 +65,7 @@ from onnx_quant.backend_wgpu.locking import holding
 from onnx_quant.backend_wgpu.model_check import check_host_outputs, static_values
 from onnx_quant.backend_wgpu.rewrites import RewriteOptions, find_kernel, op_text, rewrite_model
 from onnx_quant.dtypes import element_type, ort_type, type_name
-from onnx_quant.errors import ExecutionError, HostFallbackWarning, KernelRejected, QuantError
+from onnx_quant.errors import ExecutionError, HostFallbackWarning, InferenceError, KernelRejected, QuantError
 from onnx_quant.budget import resolve as resolve_budget
 from onnx_quant.inference.dims import is_anonymous
 from onnx_quant.model_io import initializer_arrays, load_model
@@ -198,6 +198,8 @@ class Session:
         self._lock = threading.RLock()  # one run at a time per session: backend_wgpu/locking.py
         self.budget = resolve_budget(memory_budget)
         self.model = load_model(model_or_path, load_external_data=True, base_dir=base_dir, budget=self.budget)
+        #: the model as loaded, before the construction phases (what an oracle compares with)
+        self.source_model = self.model
         self._static_values = static_values(self.model)  # structural faults are refused here, first
         self._specs = self._registry(specs)
         # the construction phases (rewrites.py): BatchNormalization folding, the QDQ, dynamic and
@@ -247,7 +249,7 @@ class Session:
         if static_host and not self.allow_host_fallback:
             raise ExecutionError(
                 f"{len(static_host)} node(s) cannot run on the GPU and allow_host_fallback is False: "
-                + "; ".join(f"node {i.label!r} ({self._op_name(i)}): {i.reason}" for i in static_host))
+                + "; ".join(f"node {i.label!r} ({self._user_op_name(i)}): {i.reason}" for i in static_host))
         for info in static_host:
             self._evaluator(info)  # a node onnx.reference cannot run either is refused now
         #: node index -> why it runs on the host: construction's view until the first plan, then
@@ -310,6 +312,14 @@ class Session:
     @staticmethod
     def _op_name(info: _NodeInfo) -> str:
         return op_text(info.domain, info.node.op_type)
+
+    def _user_op_name(self, info: _NodeInfo) -> str:
+        """The op as the user's model has it, for errors: a fused node is named by the ops of the
+        unit it replaced (never by the internal fused op)."""
+        unit = self._fused_units.get(info.node.output[0]) if info.node.output else None
+        if unit is None:
+            return self._op_name(info)
+        return "fused unit " + " + ".join(n.op_type for n in unit.nodes)
 
     def _elem(self, name: str) -> int:
         info = self._static_values.get(name)
@@ -436,13 +446,14 @@ class Session:
     # -- host nodes --------------------------------------------------------------------------
 
     def _evaluator(self, info: _NodeInfo, reason: str | None = None):
-        """onnx.reference's evaluator of a one-node model holding this node (cached). ``reason``:
+        """onnx.reference's evaluator (with the com.microsoft ops and Q/DQ of every opset:
+        reference_ops.py) of a one-node model holding this node (cached). ``reason``:
         why the node is not on the GPU, for the error when onnx.reference cannot run it either
         (default: the reason found when the session was built)."""
         ev = self._evaluators.get(info.index)
         if ev is not None:
             return ev
-        from onnx.reference import ReferenceEvaluator  # noqa: PLC0415
+        from onnx_quant.reference_ops import reference_evaluator  # noqa: PLC0415 - onnx.reference loads on first use
 
         node = info.node
         inputs = [n for n in dict.fromkeys(list(node.input) + list(info.implicit)) if n]
@@ -464,9 +475,9 @@ class Session:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                ev = ReferenceEvaluator(one)
+                ev = reference_evaluator(one)  # with the com.microsoft ops and Q/DQ of every opset
         except Exception as e:
-            raise ExecutionError(f"node {info.label!r} ({self._op_name(info)}): {reason or info.reason or 'no GPU kernel'}, and "
+            raise ExecutionError(f"node {info.label!r} ({self._user_op_name(info)}): {reason or info.reason or 'no GPU kernel'}, and "
                                  f"onnx.reference cannot run it on the host either: {type(e).__name__}: "
                                  f"{str(e).splitlines()[0] if str(e) else ''}") from None
         self._evaluators[info.index] = (ev, inputs)
@@ -708,12 +719,31 @@ class Session:
         dd.capacity_values(self._nonzeros, values)  # the padded NonZero outputs inference does not know
         return values
 
+    def _check_shapes_fit(self, shapes: Mapping[str, tuple[int, ...]], input_values: Mapping[str, np.ndarray]) -> None:
+        """Where values stay unknown at these shapes, the user's model as given is inferred
+        strictly at them: a rule they break (an Add whose inputs no longer broadcast at an image
+        size the model was not made for) is the error, naming the user's node and the rule rather
+        than a fused op downstream whose type is unknown."""
+        from onnx_quant.inference import infer_values  # noqa: PLC0415
+
+        try:
+            infer_values(self.source_model, {k: list(v) for k, v in shapes.items()}, strict=True,
+                         input_values=dict(input_values) or None, declared_outputs_win=False, runtime=True)
+        except InferenceError as e:
+            if e.rule != "output-type":  # a declaration the graph contradicts is not the shapes' fault
+                given = ", ".join(f"{k} {list(v)}" for k, v in shapes.items())
+                raise ExecutionError(f"the input shapes ({given}) do not fit the model: {e}") from None
+        except QuantError:
+            pass  # not a shape rule: planning goes on and says what it cannot do
+
     def _build_plan(self, key: tuple, shapes: Mapping[str, tuple[int, ...]], input_values: Mapping[str, np.ndarray],
                     feeds: Mapping[str, Any] | None = None) -> GraphPlan:
         """Run the graph compiler's phases (graph_plan.py) for one binding of input shapes (and
         of the contents of the inputs in ``input_values``); the host fallback decisions
         (warnings, refusals, evaluators) stay here."""
         values = self._infer(shapes, input_values)
+        if feeds is not None and any(info.elem_type == 0 or info.shape is None for info in values.values()):
+            self._check_shapes_fit(shapes, input_values)  # a run refuses them; explain lists what they leave
         if not input_values and feeds is not None:
             # phase 0: inputs whose contents the plan needs; from now on this binding keys on them
             keyed = gp.value_keyed_inputs(self._nodes, values, [vi.name for vi in self._inputs])
@@ -768,7 +798,7 @@ class Session:
                 raise ExecutionError(
                     f"input shapes {dict(shapes)}: {len(new_host)} node(s) cannot run on the GPU and "
                     f"allow_host_fallback is False: "
-                    + "; ".join(f"node {i.label!r} ({self._op_name(i)}): {reasons[i.index]}" for i in new_host))
+                    + "; ".join(f"node {i.label!r} ({self._user_op_name(i)}): {reasons[i.index]}" for i in new_host))
             for info in new_host:
                 self._evaluator(info, reasons.get(info.index))
             warnings.warn(self._fallback_text(new_host, reasons, f"input shapes {dict(shapes)}: "),
@@ -781,7 +811,7 @@ class Session:
                 self._evaluator(info, reasons.get(info.index))
                 self._host_labels.setdefault(info.index, reasons.get(info.index, info.reason))
                 # outputs inference sized: refused now, before any run allocates them
-                check_host_outputs(self.budget, info.label, self._op_name(info), info.node.output, values)
+                check_host_outputs(self.budget, info.label, self._user_op_name(info), info.node.output, values)
         return plans
 
     @holding("_lock")

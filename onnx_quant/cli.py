@@ -81,7 +81,14 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
     p.add_argument("--random", action="store_true", help="feed random inputs")
     p.add_argument("-o", "--output-dir", help="write outputs as .npy files here")
-    p.add_argument("--compare", choices=["onnxruntime", "reference"])
+    p.add_argument("--compare", nargs="?", const="auto", choices=["auto", "onnxruntime", "reference"],
+                   help="compare the outputs with an oracle run on the model as given: auto (the default "
+                        "when no value is given) is onnxruntime CPU, with its int8 weights widened to uint8 "
+                        "on CPUs where its uint8 x int8 sums saturate (AVX2 without VNNI); onnxruntime as "
+                        "written; reference: onnx.reference with the com.microsoft ops")
+    p.add_argument("--rtol", type=float, default=1e-3,
+                   help="with --compare: float outputs agree within this fraction of the largest expected "
+                        "magnitude (integer outputs must be identical; default 1e-3)")
     p.add_argument("--adapter")
 
 
