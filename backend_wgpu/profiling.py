@@ -285,14 +285,20 @@ _CLOCK_TEXT = {
 
 def cmd_profile(args) -> int:
     """``onnx-quant profile MODEL [--runs N] [--trace FILE]``: one warm-up run (plans, compiles,
-    and lavapipe's first-dispatch shader JIT), then N profiled runs; the table sorted by time."""
-    from onnx_quant.backend_wgpu.commands import _load_feeds, open_session  # noqa: PLC0415
+    and lavapipe's first-dispatch shader JIT), then N profiled runs; the table sorted by time.
+    Inputs no ``--input`` gives are random at the shapes ``--shape``/``--dim``/the defaults bind
+    (onnx_quant/feeds.py), checked before the session is built."""
+    from onnx_quant.backend_wgpu.commands import feeds_from_args, open_session  # noqa: PLC0415
+    from onnx_quant.errors import ArgumentError  # noqa: PLC0415
 
     if args.runs < 1:
-        raise ExecutionError(f"--runs {args.runs}: expected at least 1")
+        raise ArgumentError(f"--runs {args.runs}: expected at least 1")
+    if args.top is not None and args.top < 1:
+        raise ArgumentError(f"--top {args.top}: expected at least 1")
+    _, given = feeds_from_args(args, random=True)
     session = open_session(args.model, adapter=args.adapter)
     session.profiler = Profiler(session.device, None if args.clock == "auto" else args.clock)
-    feeds = _load_feeds(session, args.input, random=True)
+    feeds = given.arrays
     session.run(None, feeds)
     session.profiler.reset()
     for _ in range(args.runs):
@@ -300,9 +306,13 @@ def cmd_profile(args) -> int:
     prof = session.profiler
     if args.json:
         print(json.dumps({"device": session.device.info.name, "clock": prof.clock, "runs": len(prof.runs),
+                          "dims": given.binding.values, "defaulted_dims": given.binding.defaulted,
+                          "inputs": {k: list(v.shape) for k, v in feeds.items()},
                           "nodes": prof.table()}, indent=2))
     else:
         print(f"device: {session.device.info.name}")
+        if given.binding.dims_text():
+            print(given.binding.dims_text())
         print(prof.format_table(args.top))
     if args.trace:
         path = prof.write_trace(args.trace)

@@ -5,7 +5,8 @@ each subcommand lives beside the code it drives (``inference.commands``,
 ``backend_wgpu.commands``) and is imported lazily so that ``infer``/``check`` never load wgpu.
 
 Exit codes: 0 success; 1 the model has problems (``check``) or a run/conformance failed;
-2 unusable input (missing file, not ONNX, bad arguments, beyond the memory budget).
+2 unusable input (missing file, not ONNX, bad arguments -- ``ArgumentError``: a malformed option,
+a feed or shape the model cannot take --, beyond the memory budget).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import importlib
 import sys
 from typing import Callable, Sequence
 
-from onnx_quant.errors import BudgetError, ModelLoadError, QuantError
+from onnx_quant.errors import ArgumentError, BudgetError, ModelLoadError, QuantError
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_UNUSABLE = 0, 1, 2
 
@@ -32,6 +33,8 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "demo": ("onnx_quant.backend_wgpu.commands", "cmd_demo", "build, infer and run a small quantized model"),
     "profile": ("onnx_quant.backend_wgpu.profiling", "cmd_profile", "per-node device times of a model's runs, Chrome trace"),
 }
+
+_ADAPTER_HELP = "adapter index or a substring of its name or backend (default: ONNX_QUANT_ADAPTER, else the best)"
 
 # subcommand -> function adding its arguments; filled by _arguments below
 _ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {}
@@ -66,20 +69,50 @@ def _devices_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true")
 
 
+def _model_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="path to an .onnx file, or 'example' for the built-in example")
+
+
+def _shape_args(p: argparse.ArgumentParser) -> None:
+    """--shape and --dim: the input shapes of explain, run and profile (onnx_quant/feeds.py)."""
+    from onnx_quant.feeds import DEFAULTS_TEXT  # noqa: PLC0415
+
+    p.add_argument("--shape", action="append", default=[], metavar="NAME=D0,D1,...",
+                   help="an input's whole shape, e.g. images=1,3,640,640 (repeatable); the symbolic dims "
+                        "it binds take these values in every input")
+    p.add_argument("--dim", action="append", default=[], metavar="SYMBOL=V",
+                   help=f"a symbolic dim's value wherever it appears, e.g. N=1 (repeatable); {DEFAULTS_TEXT}")
+
+
+def _feed_args(p: argparse.ArgumentParser, *, random_flag: bool) -> None:
+    """--input, --random (run only: profile always feeds the rest at random) and --int-range."""
+    from onnx_quant.feeds import DEFAULT_INT_RANGE, FLOAT_STD  # noqa: PLC0415
+
+    p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                   help="feed this input from a .npy file of its dtype (repeatable)"
+                        + ("" if random_flag else "; inputs without one are random"))
+    if random_flag:
+        p.add_argument("--random", action="store_true",
+                       help=f"feed every input no --input gives at random: integers from [LO, HI) "
+                            f"(--int-range), floats normal with std {FLOAT_STD:g}, bools 0/1; fixed seed")
+    lo, hi = DEFAULT_INT_RANGE
+    p.add_argument("--int-range", metavar="LO,HI",
+                   help=f"random integers are drawn from [LO, HI), within the dtype's range (default {lo},{hi})")
+
+
 @_arguments("explain")
 def _explain_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model")
+    _model_arg(p)
     p.add_argument("--json", action="store_true")
-    p.add_argument("--shape", action="append", default=[], metavar="NAME=D0,D1,...",
-                   help="bind an input's shape (symbolic dims default to 1)")
-    p.add_argument("--adapter", help="adapter index or name substring (default: best)")
+    _shape_args(p)
+    p.add_argument("--adapter", help=_ADAPTER_HELP)
 
 
 @_arguments("run")
 def _run_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model")
-    p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
-    p.add_argument("--random", action="store_true", help="feed random inputs")
+    _model_arg(p)
+    _feed_args(p, random_flag=True)
+    _shape_args(p)
     p.add_argument("-o", "--output-dir", help="write outputs as .npy files here")
     p.add_argument("--compare", choices=["onnxruntime", "reference"])
     p.add_argument("--adapter")
@@ -87,15 +120,16 @@ def _run_args(p: argparse.ArgumentParser) -> None:
 
 @_arguments("profile")
 def _profile_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="path to an .onnx file, or 'example'")
+    _model_arg(p)
     p.add_argument("--runs", type=int, default=10, help="profiled runs after one warm-up run")
     p.add_argument("--trace", metavar="FILE.json", help="write a Chrome-trace / Perfetto JSON file")
-    p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help="feeds (default: random)")
+    _feed_args(p, random_flag=False)
+    _shape_args(p)
     p.add_argument("--clock", choices=["auto", "device", "host-wall"], default="auto",
                    help="device timestamps (timestamp-query) or host wall clock per node")
     p.add_argument("--top", type=int, help="show only the N slowest nodes")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--adapter")
+    p.add_argument("--adapter", help=_ADAPTER_HELP)
 
 
 @_arguments("bench")
@@ -122,14 +156,29 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--adapter")
 
 
+#: options many subcommands share: the help an option gets where its subcommand gives none
+_COMMON_HELP = {
+    "adapter": _ADAPTER_HELP,
+    "json": "print JSON instead of text",
+    "model": "path to an .onnx file, or 'example' for the built-in example",
+}
+
+
+def _fill_common_help(p: argparse.ArgumentParser) -> None:
+    for action in p._actions:
+        if action.help is None and action.dest in _COMMON_HELP:
+            action.help = _COMMON_HELP[action.dest]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="onnx-quant", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (_, _, help_text) in _COMMANDS.items():
-        p = sub.add_parser(name, help=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         _ARGUMENTS.get(name, lambda _p: None)(p)
+        _fill_common_help(p)
     return parser
 
 
@@ -141,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         handler = getattr(importlib.import_module(module_name), func_name)
         return int(handler(args) or 0)
-    except (ModelLoadError, BudgetError) as e:  # input unusable here, or beyond the memory budget
+    except (ModelLoadError, BudgetError, ArgumentError) as e:  # input unusable, beyond the memory budget, bad arguments
         if debug:
             raise
         print(f"onnx-quant {args.command}: error: {e}", file=sys.stderr)

@@ -86,10 +86,11 @@ def test_run_reports_a_difference(gpu, capsys, model_path, tmp_path):
 
 
 def test_run_errors_are_one_line(gpu, capsys, model_path, tmp_path):
+    # bad arguments (an input left without a value, a file that cannot be read) exit 2, as docs/cli.md says
     code, _, err = run_cli(capsys, "run", model_path)
-    assert code == 1 and "missing" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "missing" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     code, _, err = run_cli(capsys, "run", model_path, "--input", "x=/no/such.npy")
-    assert code == 1 and "cannot read" in err
+    assert code == 2 and "cannot read" in err
     code, _, err = run_cli(capsys, "run", tmp_path / "missing.onnx")
     assert code == 2
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
@@ -134,3 +135,38 @@ def test_cli_entry_point_runs(gpu, model_path):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)[0]["variant"] == "single_invocation"
+
+
+# --------------------------------------------------------------------------- shapes and feeds
+
+
+def test_run_binds_shapes_prints_dims_and_draws_small_integers(gpu, capsys, tmp_path):
+    x = helper.make_tensor_value_info("ids", TensorProto.INT32, ["batch", "seq"])
+    y = helper.make_tensor_value_info("y", TensorProto.INT32, ["batch", "seq"])
+    m = helper.make_model(helper.make_graph([helper.make_node("Neg", ["ids"], ["y"], name="neg")], "g", [x], [y]),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(m, tmp_path / "m.onnx")
+    code, out, err = run_cli(capsys, "run", tmp_path / "m.onnx", "--random", "-o", tmp_path / "o")
+    assert code == 0, err
+    assert "dims: batch=1, seq=32 (all defaults" in out and "input  ids: int32 [1, 32]" in out
+    ids = np.load(tmp_path / "o" / "ids.npy")
+    assert ids.min() >= 0 and ids.max() < 16  # the documented default range [0, 16)
+    code, out, err = run_cli(capsys, "run", tmp_path / "m.onnx", "--random", "--dim", "seq=5", "--shape", "ids=3,5",
+                             "--int-range", "100,200", "-o", tmp_path / "o")
+    assert code == 0, err
+    assert "dims: batch=3, seq=5\n" in out and "input  ids: int32 [3, 5]" in out
+    ids = np.load(tmp_path / "o" / "ids.npy")
+    assert ids.min() >= 100 and ids.max() < 200
+
+
+def test_session_dtype_message_reads_cleanly(gpu, model_path):
+    from onnx_quant.backend_wgpu.session import Session
+    from onnx_quant.errors import ExecutionError
+
+    x = helper.make_tensor_value_info("x", TensorProto.INT32, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.INT32, [2])
+    m = helper.make_model(helper.make_graph([helper.make_node("Neg", ["x"], ["y"])], "g", [x], [y]),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    with Session(m) as s, pytest.raises(ExecutionError) as e:
+        s.run(None, {"x": np.zeros(2, np.int64)})
+    assert str(e.value) == "input 'x': expected int32, found int64"

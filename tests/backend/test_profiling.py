@@ -168,9 +168,10 @@ def test_cli_profile_prints_the_table_and_writes_the_trace(demo_model, tmp_path)
                           "--trace", str(trace)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].startswith("device: ") and lines[1].startswith(f"profile: {RUNS} run(s)")
-    assert lines[2].split()[:3] == ["node", "op", "kernel/variant"]
-    rows = [ln.split() for ln in lines[3:] if not ln.startswith("trace:")]
+    assert lines[0].startswith("device: ") and lines[1].startswith("dims: N=1")
+    assert lines[2].startswith(f"profile: {RUNS} run(s)")
+    assert lines[3].split()[:3] == ["node", "op", "kernel/variant"]
+    rows = [ln.split() for ln in lines[4:] if not ln.startswith("trace:")]
     times = [float(r[4]) for r in rows]
     assert times == sorted(times, reverse=True) and len(rows) >= 8
     events = json.loads(trace.read_text())
@@ -182,6 +183,8 @@ def test_cli_profile_prints_the_table_and_writes_the_trace(demo_model, tmp_path)
     assert js.returncode == 0, js.stderr
     doc = json.loads(js.stdout)
     assert doc["runs"] == 1 and doc["nodes"] and all("kernel" in n and "mean_us" in n for n in doc["nodes"])
+    assert doc["dims"] == {"N": 1, "H": 32, "W": 32} and doc["inputs"] == {"image": [1, 3, 32, 32]}
     bad = subprocess.run([sys.executable, "-m", "onnx_quant", "profile", "example", "--runs", "0"],
                          capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 1 and "--runs 0: expected at least 1" in bad.stderr and "Traceback" not in bad.stderr
+    # a bad argument: exit 2 (docs/cli.md), one line
+    assert bad.returncode == 2 and "--runs 0: expected at least 1" in bad.stderr and "Traceback" not in bad.stderr
