@@ -141,33 +141,34 @@ def cmd_devices(args) -> int:
 
 
 def cmd_explain(args) -> int:
-    """Per node: the kernel, variant and passes at the input shapes ``--shape``/``--dim``/the
-    defaults bind (onnx_quant/feeds.py)."""
+    """Per node of the model as written: its kernel, variant and passes, or what it became (folded,
+    fused, a view, a constant, constant-folded, unused, host with why), at the input shapes
+    ``--shape``/``--dim``/the defaults bind (onnx_quant/feeds.py); backend_wgpu/explaining.py."""
+    from onnx_quant.backend_wgpu import explaining  # noqa: PLC0415
     from onnx_quant.backend_wgpu.session import Session  # noqa: PLC0415
-    from onnx_quant.feeds import bind_model_shapes  # noqa: PLC0415
+    from onnx_quant.feeds import bind_model_shapes, graph_inputs  # noqa: PLC0415
     from onnx_quant.model_io import load_model  # noqa: PLC0415
 
-    binding = bind_model_shapes(load_model(args.model), shapes=getattr(args, "shape", None),
-                                dims=getattr(args, "dim", None))
+    model = load_model(args.model)
+    binding = bind_model_shapes(model, shapes=getattr(args, "shape", None), dims=getattr(args, "dim", None))
     session = Session(args.model, adapter=getattr(args, "adapter", None))
-    entries = session.explain(binding.shapes)
+    try:
+        entries = session.explain(binding.shapes)
+    except ExecutionError as e:
+        if not binding.defaulted:
+            raise
+        raise ExecutionError(f"{e} ({', '.join(binding.defaulted)} took defaults: give the real sizes with "
+                             f"--shape NAME=D0,D1,... or --dim SYMBOL=V)") from None
+    diagnostics = explaining.shape_diagnostics(model, binding.shapes)
+    rows, orphans = explaining.build_rows(model, session, entries, diagnostics)
     if getattr(args, "json", False):
-        print(json.dumps(entries, indent=2))
+        if binding.dims_text():
+            print(binding.dims_text(), file=sys.stderr)
+        print(json.dumps(explaining.json_entries(rows), indent=2))
         return 0
     print(f"device: {session.device.info.name}")
-    if binding.dims_text():
-        print(binding.dims_text())
-    for e in entries:
-        print(f"{e['node']} ({e['op_type']}): kernel {e['kernel']}, variant {e['variant']}")
-        shapes = ", ".join(f"{k} {v}" for k, v in e["shapes"].items())
-        print(f"  shapes: {shapes}")
-        if e["derived"]:
-            print("  decided by: " + ", ".join(f"{k}={v}" for k, v in e["derived"].items()))
-        for vid, clause in e["selection"].items():
-            state = "chosen" if vid == e["variant"] else ("applies" if clause is None else f"no: {clause}")
-            print(f"    {vid:<34} {state}")
-        for p in e["passes"]:
-            print(f"  pass {p['id']:<10} {p['name']:<36} dispatch {p['dispatch']}")
+    for line in explaining.text_lines(rows, orphans, model, diagnostics, binding, graph_inputs(model)):
+        print(line)
     return 0
 
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 from typing import Callable, Sequence
 
-from onnx_quant.errors import ArgumentError, BudgetError, ModelLoadError, QuantError
+from onnx_quant.errors import ArgumentError, BudgetError, HostFallbackWarning, ModelLoadError, QuantError
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_UNUSABLE = 0, 1, 2
 
@@ -182,6 +183,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: subcommands whose warnings print as one line each on stderr (``onnx-quant CMD: warning: ...``)
+#: once the command is done, never as Python's two-line form; the categories given are left out
+#: because the command's own output already says the same (explain lists host nodes with why)
+_ONE_LINE_WARNINGS: dict[str, tuple[type[Warning], ...]] = {
+    "explain": (HostFallbackWarning,), "run": (), "profile": (),
+}
+
+
+def _print_warnings(command: str, caught: Sequence[warnings.WarningMessage]) -> None:
+    """One line per distinct warning, in the order they came."""
+    skip = _ONE_LINE_WARNINGS.get(command, ()) + (DeprecationWarning, PendingDeprecationWarning)  # for developers
+    seen: set[str] = set()
+    for w in caught:
+        if issubclass(w.category, skip):
+            continue
+        text = " ".join(str(w.message).split())
+        if text not in seen:
+            seen.add(text)
+            print(f"onnx-quant {command}: warning: {text}", file=sys.stderr)
+
+
+def _call(command: str, handler: Callable, args: argparse.Namespace) -> int:
+    """Run a subcommand; for those in ``_ONE_LINE_WARNINGS`` its warnings are caught and printed
+    as one line each once it returns (dropped when it fails: its error is the one line then)."""
+    if command not in _ONE_LINE_WARNINGS:
+        return int(handler(args) or 0)
+    with warnings.catch_warnings(record=True) as caught:  # the filters in force decide what is recorded
+        code = int(handler(args) or 0)
+    _print_warnings(command, caught)
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -189,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     module_name, func_name, _ = _COMMANDS[args.command]
     try:
         handler = getattr(importlib.import_module(module_name), func_name)
-        return int(handler(args) or 0)
+        return _call(args.command, handler, args)
     except (ModelLoadError, BudgetError, ArgumentError) as e:  # input unusable, beyond the memory budget, bad arguments
         if debug:
             raise
