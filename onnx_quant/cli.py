@@ -122,14 +122,14 @@ def _run_args(p: argparse.ArgumentParser) -> None:
 @_arguments("profile")
 def _profile_args(p: argparse.ArgumentParser) -> None:
     _model_arg(p)
-    p.add_argument("--runs", type=int, default=10, help="profiled runs after one warm-up run")
-    p.add_argument("--trace", metavar="FILE.json", help="write a Chrome-trace / Perfetto JSON file")
+    p.add_argument("--runs", type=int, default=3, help="profiled runs after one warm-up run (default 3)")
+    p.add_argument("--trace", metavar="FILE.json", help="write a Chrome-trace / Perfetto JSON file (full node names)")
     _feed_args(p, random_flag=False)
     _shape_args(p)
     p.add_argument("--clock", choices=["auto", "device", "host-wall"], default="auto",
                    help="device timestamps (timestamp-query) or host wall clock per node")
-    p.add_argument("--top", type=int, help="show only the N slowest nodes")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--top", type=int, help="show only the N slowest nodes (a line counts the others)")
+    p.add_argument("--json", action="store_true", help="print the table as JSON (full node names)")
     p.add_argument("--adapter", help=_ADAPTER_HELP)
 
 

@@ -217,3 +217,8 @@ def test_run_help_documents_every_option(capsys):
                   "an input's whole shape", "a symbolic dim's value wherever it appears", "[LO, HI)",
                   "write outputs as .npy files here", "adapter index or a substring", "1 where a symbol first appears"):
         assert words in text, words
+
+
+def test_profile_defaults_are_small():
+    args = build_parser().parse_args(["profile", "m.onnx"])
+    assert args.runs == 3 and args.shape == [] and args.dim == [] and args.int_range is None
