@@ -88,12 +88,16 @@ def account(user_model: onnx.ModelProto, session: Any) -> tuple[list[list[int]],
 def shape_diagnostics(user_model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> list[Any]:
     """What inference of the model as written finds wrong at these input shapes and not with the
     declared (symbolic) ones: the nodes these shapes make invalid."""
+    from onnx_quant.errors import QuantError  # noqa: PLC0415
     from onnx_quant.inference.engine import infer  # noqa: PLC0415
 
-    at = infer(user_model, input_shapes={k: list(v) for k, v in shapes.items()}, strict=False).diagnostics
-    if not at:
+    try:
+        at = infer(user_model, input_shapes={k: list(v) for k, v in shapes.items()}, strict=False).diagnostics
+        if not at:
+            return []
+        declared = {str(d) for d in infer(user_model, strict=False).diagnostics}
+    except QuantError:  # a model the pass cannot walk: the session has said so already, or plans anyway
         return []
-    declared = {str(d) for d in infer(user_model, strict=False).diagnostics}
     # a graph output declared otherwise than computed is no invalid node: a session keeps what is
     # computed (as onnxruntime, which warns)
     return [d for d in at if str(d) not in declared and d.rule not in IGNORED_RULES]

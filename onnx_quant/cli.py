@@ -166,6 +166,8 @@ _COMMON_HELP = {
 
 
 def _fill_common_help(p: argparse.ArgumentParser) -> None:
+    """Give the shared options of ``p`` that have no help their common one (``p._actions`` is
+    argparse's list of a parser's options; it has no public accessor)."""
     for action in p._actions:
         if action.help is None and action.dest in _COMMON_HELP:
             action.help = _COMMON_HELP[action.dest]

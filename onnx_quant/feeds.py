@@ -304,7 +304,7 @@ def read_input_files(inputs: Sequence[GraphInput], items: Iterable[str] | None) 
             raise ArgumentError(f"--input {name}: {path} holds several arrays (.npz): give one .npy file")
         want = _dtype_of(gi)
         if arr.dtype != want.dtype:
-            raise ArgumentError(f"--input {name}: input {name!r}: expected {want.name}, found {arr.dtype} ({path})")
+            raise ArgumentError(f"input {name!r}: expected {want.name}, found {arr.dtype} (--input {name}={path})")
         arrays[name] = arr
     return arrays
 
