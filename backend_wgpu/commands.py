@@ -13,7 +13,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -140,87 +140,39 @@ def cmd_devices(args) -> int:
 # --------------------------------------------------------------------------- explain
 
 
-def _parse_shapes(items: Iterable[str]) -> dict[str, list[int]]:
-    shapes: dict[str, list[int]] = {}
-    for item in items or ():
-        name, _, dims = item.partition("=")
-        if not name or not _:
-            raise ExecutionError(f"--shape {item!r}: expected NAME=D0,D1,...")
-        try:
-            shapes[name] = [int(d) for d in dims.split(",") if d.strip()] if dims.strip() else []
-        except ValueError:
-            raise ExecutionError(f"--shape {item!r}: dims must be integers") from None
-    return shapes
-
-
 def cmd_explain(args) -> int:
+    """Per node of the model as written: its kernel, variant and passes, or what it became (folded,
+    fused, a view, a constant, constant-folded, unused, host with why), at the input shapes
+    ``--shape``/``--dim``/the defaults bind (onnx_quant/feeds.py); backend_wgpu/explaining.py."""
+    from onnx_quant.backend_wgpu import explaining  # noqa: PLC0415
     from onnx_quant.backend_wgpu.session import Session  # noqa: PLC0415
+    from onnx_quant.feeds import bind_model_shapes, graph_inputs  # noqa: PLC0415
+    from onnx_quant.model_io import load_model  # noqa: PLC0415
 
+    model = load_model(args.model)
+    binding = bind_model_shapes(model, shapes=getattr(args, "shape", None), dims=getattr(args, "dim", None))
     session = Session(args.model, adapter=getattr(args, "adapter", None))
-    entries = session.explain(_parse_shapes(getattr(args, "shape", None) or []))
+    try:
+        entries = session.explain(binding.shapes)
+    except ExecutionError as e:
+        if not binding.defaulted:
+            raise
+        raise ExecutionError(f"{e} ({', '.join(binding.defaulted)} took defaults: give the real sizes with "
+                             f"--shape NAME=D0,D1,... or --dim SYMBOL=V)") from None
+    diagnostics = explaining.shape_diagnostics(model, binding.shapes)
+    rows, orphans = explaining.build_rows(model, session, entries, diagnostics)
     if getattr(args, "json", False):
-        print(json.dumps(entries, indent=2))
+        if binding.dims_text():
+            print(binding.dims_text(), file=sys.stderr)
+        print(json.dumps(explaining.json_entries(rows), indent=2))
         return 0
     print(f"device: {session.device.info.name}")
-    for e in entries:
-        print(f"{e['node']} ({e['op_type']}): kernel {e['kernel']}, variant {e['variant']}")
-        shapes = ", ".join(f"{k} {v}" for k, v in e["shapes"].items())
-        print(f"  shapes: {shapes}")
-        if e["derived"]:
-            print("  decided by: " + ", ".join(f"{k}={v}" for k, v in e["derived"].items()))
-        for vid, clause in e["selection"].items():
-            state = "chosen" if vid == e["variant"] else ("applies" if clause is None else f"no: {clause}")
-            print(f"    {vid:<34} {state}")
-        for p in e["passes"]:
-            print(f"  pass {p['id']:<10} {p['name']:<36} dispatch {p['dispatch']}")
+    for line in explaining.text_lines(rows, orphans, model, diagnostics, binding, graph_inputs(model)):
+        print(line)
     return 0
 
 
 # --------------------------------------------------------------------------- run
-
-
-def _random_input(name: str, elem_type: int, dims: Sequence[Any], rng: np.random.Generator) -> np.ndarray:
-    from onnx_quant.dtypes import element_type  # noqa: PLC0415
-
-    from onnx_quant.budget import resolve  # noqa: PLC0415
-
-    et = element_type(elem_type)
-    shape = tuple(d if isinstance(d, int) else 16 for d in dims)
-    resolve().check_array(shape, max(8, et.bits), f"--random input {name!r}")  # before numpy allocates
-    if et.is_float:
-        return (rng.standard_normal(shape) * 4).astype(np.float32).astype(et.dtype)
-    if et.is_integer:
-        lo, hi = et.int_range
-        return rng.integers(lo, hi, size=shape, endpoint=True).astype(np.int64).astype(et.dtype)
-    return rng.integers(0, 2, size=shape).astype(et.dtype)
-
-
-def _load_feeds(session, inputs: Sequence[str], random: bool, seed: int = 0) -> dict[str, np.ndarray]:
-    """Feeds from ``--input NAME=FILE.npy`` items, the rest random with ``--random``; an input
-    left without a value, or a file that is not an input of the model, is one clear error."""
-    from onnx_quant.dtypes import type_name  # noqa: PLC0415
-
-    feeds: dict[str, np.ndarray] = {}
-    known = [a.name for a in session.get_inputs()]
-    for item in inputs or ():
-        name, sep, path = item.partition("=")
-        if not sep or not name or not path:
-            raise ExecutionError(f"--input {item!r}: expected NAME=FILE.npy")
-        if name not in known:
-            raise ExecutionError(f"--input {name}: the model has no input {name!r} (inputs: {', '.join(known)})")
-        try:
-            feeds[name] = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise ExecutionError(f"--input {name}: cannot read {path}: {e}") from None
-    rng = np.random.default_rng(seed)
-    for arg in session.get_inputs():
-        if arg.name in feeds:
-            continue
-        if not random:
-            raise ExecutionError(f"input {arg.name!r} ({type_name(arg.elem_type)} {arg.shape}) is missing: "
-                                 f"give --input {arg.name}=FILE.npy or --random")
-        feeds[arg.name] = _random_input(arg.name, arg.elem_type, arg.shape, rng)
-    return feeds
 
 
 def _summary(a: np.ndarray) -> str:
@@ -364,14 +316,29 @@ def timed_runs(session, feeds: dict[str, np.ndarray], *, repeat: int = 3,
     return outputs, first, statistics.median(times), submits
 
 
+def feeds_from_args(args, *, random: bool):
+    """The model as written and :class:`onnx_quant.feeds.Feeds` from ``--input``, ``--shape``,
+    ``--dim``, ``--int-range`` (the rest random when ``random``): checked before any session."""
+    from onnx_quant.feeds import make_feeds  # noqa: PLC0415
+    from onnx_quant.model_io import load_model  # noqa: PLC0415
+
+    model = load_model(args.model)
+    feeds = make_feeds(model, inputs=getattr(args, "input", None), shapes=getattr(args, "shape", None),
+                       dims=getattr(args, "dim", None), random=random, int_range=getattr(args, "int_range", None))
+    return model, feeds
+
+
 def cmd_run(args) -> int:
     from onnx_quant.backend_wgpu.conformance import host_nodes  # noqa: PLC0415
 
+    model, given = feeds_from_args(args, random=getattr(args, "random", False))  # model: as written
+    feeds = given.arrays
     session = open_session(args.model, adapter=getattr(args, "adapter", None))
-    feeds = _load_feeds(session, getattr(args, "input", []), getattr(args, "random", False))
     names = session.output_names
     outputs, first, steady, submits = timed_runs(session, feeds)
     print(f"device: {session.device.info.name}")
+    if given.binding.dims_text():
+        print(given.binding.dims_text())
     for name, value in feeds.items():
         print(f"input  {name}: {value.dtype} {list(value.shape)}")
     for name, value in zip(names, outputs):

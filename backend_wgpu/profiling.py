@@ -32,6 +32,18 @@ from onnx_quant.errors import ExecutionError
 #: query-set capacity granularity (dispatches); the set grows by whole chunks
 _QUERY_CHUNK = 256
 
+#: widest the profile table's columns get (characters); longer texts are cut by :func:`clip`
+NAME_WIDTH, OP_WIDTH, KERNEL_WIDTH, PASSES_WIDTH = 40, 36, 40, 48
+
+
+def clip(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters with an ellipsis in the middle (fused nodes' names
+    share their beginnings, so both ends are kept)."""
+    if len(text) <= width:
+        return text
+    head = width // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+
 
 @dataclass
 class NodeEvent:
@@ -219,19 +231,33 @@ class Profiler:
         return out
 
     def format_table(self, limit: int | None = None) -> str:
+        """The table: a row per node (longest first; only the ``limit`` slowest with a line counting
+        the others), then a total row. Columns are at most :data:`NAME_WIDTH` (node),
+        :data:`OP_WIDTH` and :data:`KERNEL_WIDTH` wide: longer texts (fused nodes' names) are cut
+        with an ellipsis; ``--json`` and the trace keep them whole."""
         rows = self.table()
+        shown = rows[:limit] if limit is not None else rows
         clocks = sorted({r["clock"] for r in rows})
-        kv = [f"{r['kernel']}/{r['variant']}" for r in rows]
-        wn = max([4] + [len(r["node"]) for r in rows])
-        wo = max([2] + [len(r["op_type"]) for r in rows])
-        wk = max([14] + [len(k) for k in kv])
+        cells = [(clip(r["node"], NAME_WIDTH), clip(r["op_type"], OP_WIDTH),
+                  clip(f"{r['kernel']}/{r['variant']}", KERNEL_WIDTH)) for r in shown]
+        wn = max([5] + [len(c[0]) for c in cells])
+        wo = max([2] + [len(c[1]) for c in cells])
+        wk = max([14] + [len(c[2]) for c in cells])
         lines = [f"profile: {len(self.runs)} run(s); clocks: " + "; ".join(_CLOCK_TEXT[c] for c in clocks),
                  f"{'node':{wn}} {'op':{wo}} {'kernel/variant':{wk}} {'clock':9} {'mean µs':>10} {'share':>6}  "
                  "passes (mean µs)"]
-        for r, k in list(zip(rows, kv))[:limit]:
-            passes = " ".join(f"{p}={v:.1f}" for p, v in r["pass_us"].items())
-            lines.append(f"{r['node']:{wn}} {r['op_type']:{wo}} {k:{wk}} {r['clock']:9} {r['mean_us']:10.1f} "
+        for r, (node, op, kv) in zip(shown, cells):
+            passes = clip(" ".join(f"{p}={v:.1f}" for p, v in r["pass_us"].items()), PASSES_WIDTH)
+            lines.append(f"{node:{wn}} {op:{wo}} {kv:{wk}} {r['clock']:9} {r['mean_us']:10.1f} "
                          f"{100 * r['share']:5.1f}%  {passes}".rstrip())
+        rest = rows[len(shown):]
+        if rest:
+            lines.append(f"... {len(rest)} more node{'s' if len(rest) > 1 else ''} (--top {limit}): "
+                         f"{sum(r['mean_us'] for r in rest):.1f} µs per run, "
+                         f"{100 * sum(r['share'] for r in rest):.1f}%")
+        total = sum(r["mean_us"] for r in rows)
+        lines.append(f"{'total':{wn}} {'':{wo}} {f'{len(rows)} nodes':{wk}} {'':9} {total:10.1f} "
+                     f"{100.0 if rows else 0.0:5.1f}%  per run, the nodes' times summed")
         return "\n".join(lines)
 
     def trace(self) -> list[dict[str, Any]]:
@@ -285,14 +311,20 @@ _CLOCK_TEXT = {
 
 def cmd_profile(args) -> int:
     """``onnx-quant profile MODEL [--runs N] [--trace FILE]``: one warm-up run (plans, compiles,
-    and lavapipe's first-dispatch shader JIT), then N profiled runs; the table sorted by time."""
-    from onnx_quant.backend_wgpu.commands import _load_feeds, open_session  # noqa: PLC0415
+    and lavapipe's first-dispatch shader JIT), then N profiled runs; the table sorted by time.
+    Inputs no ``--input`` gives are random at the shapes ``--shape``/``--dim``/the defaults bind
+    (onnx_quant/feeds.py), checked before the session is built."""
+    from onnx_quant.backend_wgpu.commands import feeds_from_args, open_session  # noqa: PLC0415
+    from onnx_quant.errors import ArgumentError  # noqa: PLC0415
 
     if args.runs < 1:
-        raise ExecutionError(f"--runs {args.runs}: expected at least 1")
+        raise ArgumentError(f"--runs {args.runs}: expected at least 1")
+    if args.top is not None and args.top < 1:
+        raise ArgumentError(f"--top {args.top}: expected at least 1")
+    _, given = feeds_from_args(args, random=True)
     session = open_session(args.model, adapter=args.adapter)
     session.profiler = Profiler(session.device, None if args.clock == "auto" else args.clock)
-    feeds = _load_feeds(session, args.input, random=True)
+    feeds = given.arrays
     session.run(None, feeds)
     session.profiler.reset()
     for _ in range(args.runs):
@@ -300,9 +332,13 @@ def cmd_profile(args) -> int:
     prof = session.profiler
     if args.json:
         print(json.dumps({"device": session.device.info.name, "clock": prof.clock, "runs": len(prof.runs),
+                          "dims": given.binding.values, "defaulted_dims": given.binding.defaulted,
+                          "inputs": {k: list(v.shape) for k, v in feeds.items()},
                           "nodes": prof.table()}, indent=2))
     else:
         print(f"device: {session.device.info.name}")
+        if given.binding.dims_text():
+            print(given.binding.dims_text())
         print(prof.format_table(args.top))
     if args.trace:
         path = prof.write_trace(args.trace)

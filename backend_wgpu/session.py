@@ -613,7 +613,8 @@ class Session:
             except QuantError:
                 raise ExecutionError(f"input {name!r}: element type {type_name(code)} is not supported") from None
             if arr.dtype != want.dtype:
-                raise ExecutionError(f"input {name!r}: expected {want.name} ({want.dtype}), found {arr.dtype}")
+                numpy = "" if want.name == str(want.dtype) else f" (numpy {want.dtype})"
+                raise ExecutionError(f"input {name!r}: expected {want.name}{numpy}, found {arr.dtype}")
             dims = _value_info_shape(vi)
             if dims is not None:
                 if arr.ndim != len(dims):

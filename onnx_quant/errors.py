@@ -70,6 +70,14 @@ class ExecutionError(QuantError):
     """A run cannot proceed: bad feeds, a tensor beyond device limits, an unsupported node."""
 
 
+class ArgumentError(ExecutionError):
+    """A command-line argument the model cannot take: malformed (``--input`` without ``=``, a
+    ``--shape`` dim that is no integer), naming what the model does not have (an input, a
+    symbolic dim), a file that cannot be read, or a feed or shape that contradicts the model
+    (dtype, rank, fixed dims) or another argument. Found before any session is built; the CLI
+    exits 2 (bad arguments)."""
+
+
 class KernelRejected(ExecutionError):
     """A kernel (or every variant of it) declines a node: its dtypes, ranks, shapes or
     attributes are outside what the spec covers, or no variant's ``when`` holds. The session

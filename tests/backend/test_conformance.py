@@ -180,12 +180,12 @@ def test_run_bad_input_is_one_line(device, capsys, dql_path, tmp_path):
     cases.append((["run", dql_path], "input 'x' (float32 ['d0']) is missing: give --input x=FILE.npy or --random"))
     cases.append((["run", dql_path, "--input", "x=/no/such.npy"], "cannot read /no/such.npy"))
     cases.append((["run", dql_path, "--input", f"z={tmp_path / 'f64.npy'}"], "the model has no input 'z'"))
-    cases.append((["run", dql_path, "--input", f"x={tmp_path / 'f64.npy'}"], "expected float32"))
+    cases.append((["run", dql_path, "--input", f"x={tmp_path / 'f64.npy'}"], "input 'x': expected float32, found float64"))
     cases.append((["run", dql_path, "--input", f"x={tmp_path / 'r2.npy'}"], "rank"))
     cases.append((["run", dql_path, "--input", "x"], "expected NAME=FILE.npy"))
-    for argv, expected in cases:
+    for argv, expected in cases:  # bad arguments: exit 2 (docs/cli.md)
         code, _, err = run_cli(capsys, *argv)
-        assert code == 1 and expected in err and len(err.strip().splitlines()) == 1, (argv, err)
+        assert code == 2 and expected in err and len(err.strip().splitlines()) == 1, (argv, err)
     code, _, err = run_cli(capsys, "run", tmp_path / "missing.onnx")
     assert code == 2 and len(err.strip().splitlines()) == 1
 

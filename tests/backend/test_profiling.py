@@ -162,17 +162,27 @@ def test_inference_session_enable_profiling(demo_model, tmp_path, monkeypatch):
     assert plain.end_profiling() == ""
 
 
+def _table_rows(lines: list[str]) -> list[list[str]]:
+    """The node rows of ``profile``'s table (between the header and the "more"/total rows)."""
+    head = next(i for i, ln in enumerate(lines) if ln.split()[:3] == ["node", "op", "kernel/variant"])
+    return [ln.split() for ln in lines[head + 1:] if not ln.startswith(("trace:", "total ", "... "))]
+
+
 def test_cli_profile_prints_the_table_and_writes_the_trace(demo_model, tmp_path):
     trace = tmp_path / "trace.json"
     out = subprocess.run([sys.executable, "-m", "onnx_quant", "profile", demo_model, "--runs", str(RUNS),
                           "--trace", str(trace)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].startswith("device: ") and lines[1].startswith(f"profile: {RUNS} run(s)")
-    assert lines[2].split()[:3] == ["node", "op", "kernel/variant"]
-    rows = [ln.split() for ln in lines[3:] if not ln.startswith("trace:")]
+    assert lines[0].startswith("device: ") and lines[1].startswith("dims: N=1")
+    assert lines[2].startswith(f"profile: {RUNS} run(s)")
+    assert lines[3].split()[:3] == ["node", "op", "kernel/variant"]
+    rows = _table_rows(lines)
     times = [float(r[4]) for r in rows]
     assert times == sorted(times, reverse=True) and len(rows) >= 8
+    total = next(ln for ln in lines if ln.startswith("total "))
+    assert f"{len(rows)} nodes" in total and "100.0%" in total
+    assert abs(float(total.split()[3]) - sum(times)) <= 0.1 * len(rows)
     events = json.loads(trace.read_text())
     nodes = [e for e in events if e["cat"] == "Node"]
     assert len(nodes) == RUNS * len(rows)
@@ -182,6 +192,72 @@ def test_cli_profile_prints_the_table_and_writes_the_trace(demo_model, tmp_path)
     assert js.returncode == 0, js.stderr
     doc = json.loads(js.stdout)
     assert doc["runs"] == 1 and doc["nodes"] and all("kernel" in n and "mean_us" in n for n in doc["nodes"])
+    assert doc["dims"] == {"N": 1, "H": 32, "W": 32} and doc["inputs"] == {"image": [1, 3, 32, 32]}
     bad = subprocess.run([sys.executable, "-m", "onnx_quant", "profile", "example", "--runs", "0"],
                          capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 1 and "--runs 0: expected at least 1" in bad.stderr and "Traceback" not in bad.stderr
+    # a bad argument: exit 2 (docs/cli.md), one line
+    assert bad.returncode == 2 and "--runs 0: expected at least 1" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def _long_named_chain(n: int = 6) -> onnx.ModelProto:
+    """x -> Relu -> Neg -> ... with 90-character node names: one fused elementwise node whose name
+    joins them all."""
+    from onnx import TensorProto as TP, helper
+
+    names = [f"/model/backbone/stage{i}/block{i}/activation_with_a_long_exported_name_{i}/Op" for i in range(n)]
+    nodes, prev = [], "x"
+    for i, name in enumerate(names):
+        nodes.append(helper.make_node("Relu" if i % 2 == 0 else "Neg", [prev], [f"t{i}"], name=name))
+        prev = f"t{i}"
+    nodes[-1].output[0] = "y"
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["N", 64])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, ["N", 64])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_format_table_bounds_its_width_and_counts_what_top_leaves_out():
+    """Long (fused) names are cut in the table, --top says what it leaves out, a total row sums
+    the nodes; no device needed."""
+    from onnx_quant.backend_wgpu.profiling import NAME_WIDTH, clip
+
+    class _Info:
+        features = frozenset()
+        name = "none"
+
+    class _Dev:
+        info = _Info()
+
+    prof = Profiler(_Dev())
+    long = "+".join(f"/model/layer{i}/Relu" for i in range(40))
+    prof.events = [NodeEvent(0, long, "ai.onnx_quant::FusedElementwise", "FusedElementwise", "inputs_1", "device", 0, 60),
+                   NodeEvent(0, "b", "Conv", "Conv", "direct", "device", 60, 30),
+                   NodeEvent(0, "c", "Relu", "Relu", "word_per_invocation", "device", 90, 10)]
+    prof.runs = [(0, 0, 100)]
+    table = prof.format_table()
+    assert max(len(ln) for ln in table.splitlines()) < 200
+    cut = clip(long, NAME_WIDTH)
+    assert len(cut) == NAME_WIDTH and "…" in cut and cut.startswith("/model/layer0") and cut.endswith("layer39/Relu")
+    assert table.splitlines()[2].startswith(cut)
+    assert table.splitlines()[-1].split()[:4] == ["total", "3", "nodes", "100.0"]
+    top = prof.format_table(1).splitlines()
+    assert top[-2] == "... 2 more nodes (--top 1): 40.0 µs per run, 40.0%"
+    assert top[-1].split()[:4] == ["total", "3", "nodes", "100.0"]
+    assert prof.table()[0]["node"] == long  # --json keeps the whole name
+
+
+def test_cli_profile_cuts_long_names_but_keeps_them_in_json_and_trace(tmp_path, capsys):
+    from onnx_quant.cli import main
+
+    path = tmp_path / "chain.onnx"
+    onnx.save(_long_named_chain(), str(path))
+    trace = tmp_path / "t.json"
+    assert main(["profile", str(path), "--runs", "1", "--trace", str(trace), "--top", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert all(len(ln) < 200 for ln in out), max(out, key=len)
+    assert out[1] == "dims: N=1 (all defaults: 1 on an input's first axis, 32 elsewhere; set them with --dim SYMBOL=V or --shape)"
+    assert any(ln.startswith("total ") for ln in out)
+    names = {e["name"] for e in json.loads(trace.read_text()) if e["cat"] == "Node"}
+    assert any(len(n) > 400 for n in names)  # the fused node's whole name
+    assert main(["profile", str(path), "--runs", "1", "--json", "--dim", "N=2"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["inputs"] == {"x": [2, 64]} and max(len(n["node"]) for n in doc["nodes"]) > 400
