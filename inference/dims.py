@@ -140,7 +140,7 @@ class Dim:
     def __repr__(self) -> str:
         return f"Dim({self.text()!r})"
 
-    @property
+    @cached_property
     def symbols(self) -> frozenset[str]:
         out: set[str] = set()
         for mono, _ in self.terms:
@@ -368,9 +368,18 @@ def _max_args(d: DimLike) -> list:
 
 
 def _geq(a: DimLike, b: DimLike) -> bool:
-    """a >= b for every binding (proved, see :func:`nonneg`)."""
-    diff = sub(a, b)
-    return diff >= 0 if isinstance(diff, int) else nonneg(diff)
+    """a >= b for every binding (proved, see :func:`nonneg`), on the terms of a - b: no Dim is
+    built, sorted or hashed for it (maximum asks this of every pair of arguments)."""
+    diff = _as_terms(a)
+    for m, c in _as_terms(b).items():
+        v = diff.get(m, 0) - c
+        if v:
+            diff[m] = v
+        else:
+            diff.pop(m, None)
+    if len(diff) <= 1 and () in diff or not diff:
+        return diff.get((), 0) >= 0
+    return _prove(diff, [_PROOF_STEPS])
 
 
 @lru_cache(maxsize=8192)
@@ -455,6 +464,7 @@ def _prove(terms: dict, steps: list) -> bool:
     # the rest (whose lower bounds may outweigh a negative term over symbols); a max before a
     # floor (a max is replaced exactly, a floor by a bound)
     order: list = []
+    below: list = []  # negative terms over symbols alone
     for mono, c in terms.items():
         if not c:
             continue
@@ -463,6 +473,7 @@ def _prove(terms: dict, steps: list) -> bool:
         elif all(type(a) is _Sym for a in mono):
             if c < 0:
                 low += c * DIM_MAX ** len(mono)
+                below.append(mono)
         else:
             has_max = any(type(a) is _Max for a in mono)
             if c < 0:
@@ -474,6 +485,8 @@ def _prove(terms: dict, steps: list) -> bool:
             order.append((rank, len(order), mono, c))
     if low >= 0 and all(rank >= 4 for rank, *_ in order):
         return True
+    if below and terms.get((), 0) < DIM_MAX and not _may_cancel(terms, below):
+        return False  # e.g. floor(H / 2) - W: nothing else has W, so W = DIM_MAX makes it negative
     order.sort()
     for rank, _, mono, c in order:
         done = _eliminate(terms, mono, c, steps)
@@ -482,6 +495,24 @@ def _prove(terms: dict, steps: list) -> bool:
         if rank < 2:  # a negative term none of whose atoms can be replaced: not proved
             return False
     return False
+
+
+def _may_cancel(terms: dict, below: list) -> bool:
+    """Whether every symbol of the negative terms over symbols alone is in some other term (a
+    shortcut: else that symbol at DIM_MAX outweighs any constant below DIM_MAX)."""
+    need = {a.name for mono in below for a in mono}
+    have: set = set()
+    for mono, c in terms.items():
+        if c > 0 or mono not in below:
+            for a in mono:
+                if type(a) is _Sym:
+                    have.add(a.name)
+                elif type(a) is _Floor:
+                    have |= a.num.symbols
+                else:
+                    for b in a.args:
+                        have |= b.symbols
+    return need <= have
 
 
 def _eliminate(terms: dict, mono: tuple, c: int, steps: list) -> bool | None:
