@@ -27,7 +27,6 @@ from onnx import TensorProto, helper
 from onnx_quant.inference import dims
 from onnx_quant.inference.context import TensorInfo
 from onnx_quant.inference.dims import Dim, DimLike
-from onnx_quant.inference.dims import _Floor, _Max, _Sym  # atoms of the canonical form (for nonneg)
 
 #: largest value (in elements) a rule computes and keeps
 MAX_VALUE_ELEMS = 64
@@ -166,41 +165,15 @@ def elementwise_symbolic(fn: Callable[..., DimLike], *values: np.ndarray) -> np.
 
 # ---------------------------------------------------------------- dims
 def dim_min(a: DimLike, b: DimLike) -> DimLike:
-    if a is None or b is None:
-        return None
-    diff = dims.sub(a, b)
-    if isinstance(diff, int):
-        return a if diff <= 0 else b
-    return dims.neg(dims.maximum(dims.neg(a), dims.neg(b)))
+    return dims.minimum(a, b)
 
 
-def nonneg(d: DimLike) -> bool:
-    """True when ``d`` is >= 0 for every binding of its symbols (symbols are dims, >= 0)."""
-    if d is None:
-        return False
-    if isinstance(d, int):
-        return d >= 0
-    for mono, coeff in d.terms:
-        if coeff < 0:
-            return False
-        for atom in mono:
-            if isinstance(atom, _Sym):
-                continue
-            if isinstance(atom, _Floor):
-                if not nonneg(atom.num):
-                    return False
-            elif isinstance(atom, _Max):
-                if not any(nonneg(a) for a in atom.args):
-                    return False
-    return True
+#: True when ``d`` is >= 0 for every binding of its symbols (symbols are dims, >= 0)
+nonneg = dims.nonneg
 
 
 def max0(d: DimLike) -> DimLike:
     """max(d, 0), folded when ``d`` is provably non-negative."""
-    if d is None:
-        return None
-    if nonneg(d):
-        return d
     return dims.maximum(d, 0)
 
 

@@ -2,8 +2,8 @@
 
 Binary and ternary operators broadcast numpy-style with symbols (``dims.broadcast``);
 comparisons give bool. Small constant values (see :mod:`inference.rules._wm_common`) go
-through Add/Sub/Mul/Div, Equal/Less/Greater/Not, Where, Cast/CastLike and Identity, symbolic
-entries included where the operation is defined on dims.
+through Add/Sub/Mul/Div, Min/Max/Clip, Equal/Less/Greater/Not, Where, Cast/CastLike and
+Identity, symbolic entries included where the operation is defined on dims.
 """
 
 from __future__ import annotations
@@ -187,9 +187,32 @@ def same_as_input(ctx, n) -> None:
 for _op, _versions in (
     ("Relu", (1, 6, 13, 14)), ("LeakyRelu", (1, 6, 16)), ("Sigmoid", (1, 6, 13)), ("Tanh", (1, 6, 13)),
     ("Erf", (9, 13)), ("Gelu", (20,)), ("Sqrt", (1, 6, 13)), ("Exp", (1, 6, 13)), ("Neg", (1, 6, 13)),
-    ("Clip", (1, 6, 11, 12, 13)),
+    ("Clip", (1, 6)),
 ):
     register(_op, *_versions)(same_as_input)
+
+
+@register("Clip", 11, 12, 13)
+def clip(ctx, n) -> None:
+    """Type and shape of the input; an integer value (a dim that ``Shape`` read, clamped as
+    exporters clamp it: tf2onnx's ``Clip(d, 0, 10**9)``) is clamped entry by entry,
+    ``min(max(x, lo), hi)``, symbolic entries as dims."""
+    x, = need(n, "Clip", "input")
+    value = x.value
+    if value is not None and (value.size > MAX_VALUE_ELEMS or value.dtype.kind not in "iuO"):
+        value = None
+    for i, op in ((1, "Max"), (2, "Min")):
+        if value is None or not n.has_input(i):
+            continue
+        bound = n.input(i)
+        if bound is None or bound.value is None or bound.value.size != 1:  # min and max are scalars
+            value = None
+            continue
+        value = _binary_value(op, TensorInfo(x.elem_type, x.shape, value), bound, x.elem_type,
+                              _NP_EXTREMUM, _SYM_EXTREMUM)
+    if value is not None and value.shape != tuple(x.value.shape):
+        value = None
+    n.set_output(0, TensorInfo(x.elem_type, x.shape, value))
 
 
 @register("Identity", 1, 13, 14, 16, 19, 21, 23, 24, 25)
