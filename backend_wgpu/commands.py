@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -17,8 +16,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from onnx_quant.errors import ExecutionError, QuantError
+from onnx_quant.errors import ArgumentError, ExecutionError, QuantError
 from onnx_quant.timing import median_seconds
+
+from .profiling import Profiler
+from .reporting import describe_difference, feeds_from_args, host_nodes, open_session, same_values, summary, timed_runs
 
 # --------------------------------------------------------------------------- numpy formula
 
@@ -175,89 +177,6 @@ def cmd_explain(args) -> int:
 # --------------------------------------------------------------------------- run
 
 
-def _summary(a: np.ndarray) -> str:
-    """min/max/mean (NaN ignored, NaN count given), and the values themselves when few."""
-    a = np.asarray(a)
-    if a.size == 0:
-        return "(empty)"
-    f = a.astype(np.float64)
-    finite = f[~np.isnan(f)]
-    parts = []
-    if finite.size:
-        parts.append(f"min {finite.min():.6g} max {finite.max():.6g} mean {finite.mean():.6g}")
-    n_nan = int(f.size - finite.size)
-    if n_nan:
-        parts.append(f"{n_nan} NaN")
-    if a.size <= 8:
-        parts.append("values " + np.array2string(a.reshape(-1), separator=", "))
-    return ", ".join(parts)
-
-
-def _same(a: np.ndarray, b: np.ndarray) -> tuple[bool, str]:
-    """(identical, text): NaN equals NaN; otherwise how many elements differ and by how much
-    (NaN against a number is counted apart)."""
-    a = np.asarray(a)
-    b = np.asarray(b)
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False, f"{a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}"
-    af, bf = a.astype(np.float64), b.astype(np.float64)
-    nan_a, nan_b = np.isnan(af), np.isnan(bf)
-    eq = (af == bf) | (nan_a & nan_b)
-    bad = int(eq.size - int(np.count_nonzero(eq)))
-    if bad == 0:
-        return True, "identical"
-    nan_bad = int(np.count_nonzero(nan_a != nan_b))
-    both = ~nan_a & ~nan_b & ~eq
-    with np.errstate(all="ignore"):
-        diff = np.abs(af - bf)[both]
-    parts = []
-    if diff.size:
-        parts.append(f"max |diff| {float(np.max(diff)):.6g}")
-    if nan_bad:
-        parts.append(f"{nan_bad} NaN against a number")
-    return False, f"{bad} of {a.size} elements differ ({', '.join(parts)})"
-
-
-def output_step(model, name: str) -> float | None:
-    """The quantization step of a float output produced by a per-tensor DequantizeLinear whose
-    scale is an initializer (its scale), or None: used to state a float difference in steps."""
-    from onnx import numpy_helper  # noqa: PLC0415
-
-    producer = next((n for n in model.graph.node if name in n.output), None)
-    while producer is not None and producer.op_type in ("Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze"):
-        src = producer.input[0]
-        producer = next((n for n in model.graph.node if src in n.output), None)
-    if producer is None or producer.op_type != "DequantizeLinear" or len(producer.input) < 2:
-        return None
-    init = next((t for t in model.graph.initializer if t.name == producer.input[1]), None)
-    if init is None:
-        return None
-    scale = numpy_helper.to_array(init)
-    if scale.size != 1:
-        return None
-    return float(np.abs(scale.astype(np.float64)).reshape(-1)[0]) or None
-
-
-def describe_difference(model, name: str, got: np.ndarray, expected: np.ndarray) -> tuple[bool, str]:
-    """(identical, text): the count and max |diff| of differing elements, in quantization steps
-    for integer outputs (a step is 1) and for float outputs of a per-tensor DequantizeLinear."""
-    same, text = _same(got, expected)
-    if same or got.shape != expected.shape or got.dtype != expected.dtype:
-        return same, text
-    with np.errstate(all="ignore"):
-        diff = np.abs(got.astype(np.float64) - expected.astype(np.float64))
-    diff = diff[~np.isnan(diff)]
-    if diff.size == 0:
-        return False, text
-    m = float(np.max(diff))
-    if got.dtype.kind in "iu":
-        return False, f"{text}, max {m:g} quantization steps"
-    step = output_step(model, name)
-    if step is not None:
-        return False, f"{text}, {m / step:.3g} quantization steps of {step:.6g}"
-    return False, text
-
-
 def reference_outputs(model, feeds: dict[str, np.ndarray], names: Sequence[str], engine: str = "auto"):
     """(outputs, oracle choice): ``model``'s outputs ``names`` on ``feeds`` from the oracle
     ``engine`` names ("auto", "onnxruntime", "reference"; onnx_quant.oracles.choose_oracle)."""
@@ -277,60 +196,7 @@ def reference_outputs(model, feeds: dict[str, np.ndarray], names: Sequence[str],
                              f"only onnx)") from None
 
 
-def _session_stats(session) -> dict[str, Any]:
-    from onnx_quant.backend_wgpu.conformance import _stats_dict  # noqa: PLC0415
-
-    return _stats_dict(session)
-
-
-def open_session(model, *, adapter=None, device=None, host_fallback: bool = True, **kw):
-    """A Session that may run nodes without a GPU kernel on the host when the installed
-    Session supports it (``allow_host_fallback``)."""
-    from onnx_quant.backend_wgpu.conformance import make_session  # noqa: PLC0415
-
-    return make_session(model, adapter=adapter, device=device, host_fallback=host_fallback, **kw)
-
-
-def timed_runs(session, feeds: dict[str, np.ndarray], *, repeat: int = 3,
-               budget_s: float = 2.0) -> tuple[list[np.ndarray], float, float, int]:
-    """(outputs, first-run seconds, steady-state median seconds, submits per steady run):
-    one warm-up run (plans, compiles, allocates), then up to ``repeat`` timed runs within
-    about ``budget_s`` seconds."""
-    import warnings  # noqa: PLC0415
-
-    device = session.device
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        t0 = time.perf_counter()
-        outputs = session.run(None, feeds)
-        first = time.perf_counter() - t0
-        times = []
-        submits0 = device.stats.submits
-        while len(times) < max(1, repeat):
-            t0 = time.perf_counter()
-            outputs = session.run(None, feeds)
-            times.append(time.perf_counter() - t0)
-            if sum(times) + first > budget_s:
-                break
-        submits = (device.stats.submits - submits0) // len(times)
-    return outputs, first, statistics.median(times), submits
-
-
-def feeds_from_args(args, *, random: bool):
-    """The model as written and :class:`onnx_quant.feeds.Feeds` from ``--input``, ``--shape``,
-    ``--dim``, ``--int-range`` (the rest random when ``random``): checked before any session."""
-    from onnx_quant.feeds import make_feeds  # noqa: PLC0415
-    from onnx_quant.model_io import load_model  # noqa: PLC0415
-
-    model = load_model(args.model)
-    feeds = make_feeds(model, inputs=getattr(args, "input", None), shapes=getattr(args, "shape", None),
-                       dims=getattr(args, "dim", None), random=random, int_range=getattr(args, "int_range", None))
-    return model, feeds
-
-
 def cmd_run(args) -> int:
-    from onnx_quant.backend_wgpu.conformance import host_nodes  # noqa: PLC0415
-
     model, given = feeds_from_args(args, random=getattr(args, "random", False))  # model: as written
     feeds = given.arrays
     session = open_session(args.model, adapter=getattr(args, "adapter", None))
@@ -342,7 +208,7 @@ def cmd_run(args) -> int:
     for name, value in feeds.items():
         print(f"input  {name}: {value.dtype} {list(value.shape)}")
     for name, value in zip(names, outputs):
-        print(f"output {name}: {value.dtype} {list(value.shape)} {_summary(value)}")
+        print(f"output {name}: {value.dtype} {list(value.shape)} {summary(value)}")
     host = host_nodes(session)
     print(f"time: first run {first * 1e3:.2f} ms (plans, compiles, allocates), steady state "
           f"{steady * 1e3:.3f} ms ({submits} submit{'s' if submits != 1 else ''} per run)")
@@ -473,7 +339,7 @@ def bench_dql(
         t_np = median_seconds(lambda: numpy_onnx_formula(base), repeat)
         np_out = numpy_onnx_formula(base)
         row_np = {"log2": int(k), "elements": n, "impl": "numpy", "variant": "-", "ms": t_np * 1e3,
-                  "exact": all(_same(a, b)[0] for a, b in zip(np_out, ref))}
+                  "exact": all(same_values(a, b)[0] for a, b in zip(np_out, ref))}
         rows.append(row_np)
         say(f"2^{k}: numpy {t_np * 1e3:.2f} ms")
         t_ort = None
@@ -483,7 +349,7 @@ def bench_dql(
             ort_out = ort_session.run(None, {"x": base})
             rows.append({"log2": int(k), "elements": n, "impl": "onnxruntime-cpu", "variant": "-",
                          "ms": t_ort * 1e3,
-                         "exact": all(_same(a, b)[0] for a, b in zip(ort_out, ref))})
+                         "exact": all(same_values(a, b)[0] for a, b in zip(ort_out, ref))})
             say(f"2^{k}: onnxruntime {t_ort * 1e3:.2f} ms")
         for variant in chosen:
             count, tun = _variant_setup(spec, variant, n)
@@ -500,7 +366,7 @@ def bench_dql(
                 t0 = time.perf_counter()
                 got = session.run(None, {"x": x})  # warm-up: plans, compiles, allocates
                 first = time.perf_counter() - t0
-                exact = all(_same(a, b)[0] for a, b in zip(got, expected))
+                exact = all(same_values(a, b)[0] for a, b in zip(got, expected))
                 comp0 = device.pipelines.compilations
                 bufs0 = device.stats.buffers_allocated
                 reps = repeat if first < 2.0 else max(1, min(repeat, 2))
@@ -642,20 +508,20 @@ def _conformance_suite(ops, device, as_json: bool, with_ort: bool) -> int:
             print(f"[{engine} {i}/{n}]", file=sys.stderr, flush=True)
 
     gpu, ort = run_suite(ops, device=device, onnxruntime=with_ort, progress=progress)
-    summary = summarise(gpu, ort)
-    total = summary[-1]
+    per_op = summarise(gpu, ort)
+    total = per_op[-1]
     if as_json:
         outcome_of = {r.case: outcome(r) for r in gpu}
         ort_pass = {r.case: r.passed for r in ort or ()}
         print(json.dumps({
             "suite": "all", "device": device.info.name, "oracle": CONFORMANCE_ORACLE,
             **({"onnxruntime_column": onnxruntime_column_note()} if ort is not None else {}),
-            "ops": [vars(s) for s in summary],
+            "ops": [vars(s) for s in per_op],
             "cases": [{**r.as_dict(), "outcome": outcome_of[r.case],
                        **({"onnxruntime_passed": ort_pass[r.case]} if ort is not None else {})} for r in gpu],
         }, indent=1))
     else:
-        print(format_summary(summary))
+        print(format_summary(per_op))
     ort_text = f", onnxruntime CPU {total.onnxruntime}" if ort is not None else ""
     print(f"oracle: {CONFORMANCE_ORACLE}", file=sys.stderr)
     if ort is not None:
@@ -674,3 +540,41 @@ def cmd_demo(args) -> int:
     from onnx_quant.backend_wgpu.demo import run_demo  # noqa: PLC0415
 
     return run_demo(adapter=getattr(args, "adapter", None), log=lambda s: print(s, flush=True))
+
+
+# --------------------------------------------------------------------------- profile
+
+
+def cmd_profile(args) -> int:
+    """``onnx-quant profile MODEL [--runs N] [--trace FILE]``: one warm-up run (plans, compiles,
+    and lavapipe's first-dispatch shader JIT), then N profiled runs; the table sorted by time.
+    Inputs no ``--input`` gives are random at the shapes ``--shape``/``--dim``/the defaults bind
+    (onnx_quant/feeds.py), checked before the session is built."""
+    if args.runs < 1:
+        raise ArgumentError(f"--runs {args.runs}: expected at least 1")
+    if args.top is not None and args.top < 1:
+        raise ArgumentError(f"--top {args.top}: expected at least 1")
+    _, given = feeds_from_args(args, random=True)
+    session = open_session(args.model, adapter=args.adapter)
+    session.profiler = Profiler(session.device, None if args.clock == "auto" else args.clock)
+    feeds = given.arrays
+    session.run(None, feeds)
+    session.profiler.reset()
+    for _ in range(args.runs):
+        session.run(None, feeds)
+    prof = session.profiler
+    if args.json:
+        print(json.dumps({"device": session.device.info.name, "clock": prof.clock, "runs": len(prof.runs),
+                          "dims": given.binding.values, "defaulted_dims": given.binding.defaulted,
+                          "inputs": {k: list(v.shape) for k, v in feeds.items()},
+                          "nodes": prof.table()}, indent=2))
+    else:
+        print(f"device: {session.device.info.name}")
+        if given.binding.dims_text():
+            print(given.binding.dims_text())
+        print(prof.format_table(args.top))
+    if args.trace:
+        path = prof.write_trace(args.trace)
+        if not args.json:
+            print(f"trace: {path} ({len(prof.events)} node events; open in chrome://tracing or Perfetto)")
+    return 0

@@ -24,7 +24,6 @@ for comparison; ``benchmarks/gen_conformance_doc.py`` writes both into docs/conf
 from __future__ import annotations
 
 import functools
-import inspect
 import re
 import time
 import warnings
@@ -38,6 +37,8 @@ from onnx import numpy_helper
 from onnx_quant.errors import ExecutionError, QuantError
 from onnx_quant.node_cases import all_node_cases
 from onnx_quant.oracles import not_an_oracle
+
+from .reporting import host_nodes, make_session
 
 #: the op types whose node cases make up the conformance set
 FAMILY_OPS: tuple[str, ...] = (
@@ -258,93 +259,6 @@ def _first_line(e: BaseException) -> str:
     if isinstance(e, QuantError):
         return first or type(e).__name__
     return f"{type(e).__name__}: {first}" if first else type(e).__name__
-
-
-def session_accepts(name: str) -> bool:
-    """Whether ``Session`` takes a keyword argument (the graph executor adds some)."""
-    from onnx_quant.backend_wgpu.session import Session  # noqa: PLC0415
-
-    try:
-        return name in inspect.signature(Session.__init__).parameters
-    except (TypeError, ValueError):  # pragma: no cover
-        return False
-
-
-def make_session(model: Any, *, device: Any = None, adapter: Any = None, host_fallback: bool = True, **kw: Any):
-    """A Session; ``host_fallback`` is passed as ``allow_host_fallback`` when the installed
-    Session has the option (the HostFallbackWarning is silenced: callers list host nodes)."""
-    from onnx_quant.backend_wgpu.session import Session  # noqa: PLC0415
-
-    if session_accepts("allow_host_fallback"):
-        kw["allow_host_fallback"] = bool(host_fallback)
-    with warnings.catch_warnings():
-        # the callers report host nodes themselves (host_nodes), once, in their own words
-        warnings.filterwarnings("ignore", message=r".*run on the host.*")
-        warnings.filterwarnings("ignore", category=_host_warning())
-        return Session(model, device=device, adapter=adapter, **kw)
-
-
-def _host_warning() -> type[Warning]:
-    try:
-        from onnx_quant.errors import HostFallbackWarning  # noqa: PLC0415
-
-        return HostFallbackWarning
-    except ImportError:  # pragma: no cover - before the graph executor
-        return UserWarning
-
-
-def _stats_dict(session: Any) -> dict[str, Any]:
-    stats = getattr(session, "stats", None)
-    if stats is None:
-        return {}
-    if isinstance(stats, Mapping):
-        return dict(stats)
-    for attr in ("as_dict", "snapshot", "to_dict"):
-        fn = getattr(stats, attr, None)
-        if callable(fn):
-            try:
-                d = fn()
-                if isinstance(d, Mapping):
-                    return dict(d)
-            except Exception:  # pragma: no cover - best effort
-                pass
-    try:
-        return dict(vars(stats))
-    except TypeError:
-        return {}
-
-
-def host_nodes(session: Any) -> list[str]:
-    """Op types (``name (op)``) of the nodes the session ran on the host, from its stats and
-    node table; empty when it ran everything on the GPU (or cannot say)."""
-    found: list[str] = []
-    for attr in ("host_nodes", "host_fallback_nodes", "fallback_nodes"):
-        v = getattr(session, attr, None)
-        if callable(v):
-            try:
-                v = v()
-            except Exception:  # pragma: no cover
-                v = None
-        if v:
-            found.extend(str(x) for x in v)
-            return found
-    stats = _stats_dict(session)
-    for key in ("host_nodes", "host_fallback_nodes", "fallback_nodes", "host_ops"):
-        v = stats.get(key)
-        if v:
-            if isinstance(v, Mapping):
-                return [f"{k} x{n}" if isinstance(n, int) and n > 1 else str(k) for k, n in v.items()]
-            return [str(x) for x in v]
-    return found
-
-
-def host_node_count(session: Any) -> int | None:
-    stats = _stats_dict(session)
-    for key in ("host_nodes_run", "host_node_runs", "host_fallback_runs", "host_runs", "host_fallbacks"):
-        v = stats.get(key)
-        if isinstance(v, int):
-            return v
-    return None
 
 
 def kernel_variants(session: Any, feeds: Mapping[str, np.ndarray]) -> list[str]:

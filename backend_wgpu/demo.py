@@ -125,8 +125,7 @@ def _gemm_row_sum(model: onnx.ModelProto) -> float | None:
 
 
 def run_demo(*, adapter: Any = None, log: Callable[[str], None] = print, seed: int = 0) -> int:
-    from onnx_quant.backend_wgpu.commands import _summary, open_session, timed_runs  # noqa: PLC0415
-    from onnx_quant.backend_wgpu.conformance import host_nodes  # noqa: PLC0415
+    from .reporting import host_nodes, open_session, summary, timed_runs  # noqa: PLC0415 - loads wgpu
     from onnx_quant.inference.commands import summarize, table, value_order  # noqa: PLC0415
     from onnx_quant.inference.engine import infer  # noqa: PLC0415
     from onnx_quant import model_zoo  # noqa: PLC0415
@@ -173,7 +172,7 @@ def run_demo(*, adapter: Any = None, log: Callable[[str], None] = print, seed: i
     host = host_nodes(session)
     log(f"GPU: {session.device.info.name}")
     for name, value in zip(names, outputs):
-        log(f"  {name}: {value.dtype} {list(value.shape)} {_summary(value)}")
+        log(f"  {name}: {value.dtype} {list(value.shape)} {summary(value)}")
     log(f"  first run {first * 1e3:.1f} ms (plans, compiles, allocates), steady state {steady * 1e3:.2f} ms, "
         f"{submits} submit{'s' if submits != 1 else ''} per run")
     log(f"  host fallback: {', '.join(host) if host else 'none: every node ran on the GPU'}")

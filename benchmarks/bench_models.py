@@ -313,7 +313,7 @@ def pipeline_requests(device):
 
 def bench_one(name: str, model, feeds, *, device, repeat: int, timer: PhaseTimer,
               shape_changes: dict[str, dict[str, np.ndarray]] | None = None) -> dict[str, Any]:
-    from onnx_quant.backend_wgpu.conformance import host_node_count, host_nodes  # noqa: PLC0415
+    from onnx_quant.backend_wgpu.reporting import host_node_count, host_nodes  # noqa: PLC0415
 
     row: dict[str, Any] = {"model": name, "nodes": len(model.graph.node),
                            "inputs": {k: list(v.shape) for k, v in feeds.items()}}
@@ -409,7 +409,7 @@ def bench_items(families, formats, chain: int, exported, shape_changes: bool = T
 def _timing_session(model, device):
     """A session for latency runs; the chain measures the cost of a dispatch, so its nodes run
     one kernel each, unfused."""
-    from onnx_quant.backend_wgpu.conformance import make_session, session_accepts  # noqa: PLC0415
+    from onnx_quant.backend_wgpu.reporting import make_session, session_accepts  # noqa: PLC0415
 
     unfused = {"fuse_elementwise": False} if model.graph.name == "chain" and session_accepts("fuse_elementwise") else {}
     with warnings.catch_warnings():

@@ -32,7 +32,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "bench": ("onnx_quant.backend_wgpu.commands", "cmd_bench", "benchmark kernels against numpy and onnxruntime"),
     "conformance": ("onnx_quant.backend_wgpu.commands", "cmd_conformance", "run ONNX node test cases on the GPU"),
     "demo": ("onnx_quant.backend_wgpu.commands", "cmd_demo", "build, infer and run a small quantized model"),
-    "profile": ("onnx_quant.backend_wgpu.profiling", "cmd_profile", "per-node device times of a model's runs, Chrome trace"),
+    "profile": ("onnx_quant.backend_wgpu.commands", "cmd_profile", "per-node device times of a model's runs, Chrome trace"),
 }
 
 _ADAPTER_HELP = "adapter index or a substring of its name or backend (default: ONNX_QUANT_ADAPTER, else the best)"

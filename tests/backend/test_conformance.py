@@ -162,7 +162,7 @@ def test_run_prints_summary_timing_and_steps(device, capsys, dql_path, tmp_path)
 
 def test_run_steps_of_a_dequantized_output(device, capsys, tmp_path):
     """A float output of a per-tensor DequantizeLinear: the difference is also given in steps."""
-    from onnx_quant.backend_wgpu.commands import describe_difference
+    from onnx_quant.backend_wgpu.reporting import describe_difference
 
     x = helper.make_tensor_value_info("q", TensorProto.UINT8, [4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])

@@ -106,7 +106,7 @@ def ort_run(model, feeds, *, optimize: bool = True):
 def compare(model, name: str, got: np.ndarray, exp: np.ndarray, exp_noopt: np.ndarray) -> str:
     """Raise AssertionError beyond the module's tolerances; return a one-line summary.
     ``exp``: onnxruntime with its default optimizations, ``exp_noopt``: with none."""
-    from onnx_quant.backend_wgpu.commands import output_step
+    from onnx_quant.backend_wgpu.reporting import output_step
 
     for ref in (exp, exp_noopt):
         assert got.dtype == ref.dtype and got.shape == ref.shape, \
@@ -148,7 +148,7 @@ def _assert_few_one_step(name: str, off: np.ndarray) -> None:
 def run_on_gpu(model, device, feeds_list):
     """Outputs per feeds (one Session, so the same plans serve repeated shapes) and the
     op types of nodes that ran on the host (host fallback allowed only to report them)."""
-    from onnx_quant.backend_wgpu.conformance import host_nodes, make_session
+    from onnx_quant.backend_wgpu.reporting import host_nodes, make_session
     from onnx_quant.errors import ExecutionError
 
     try:
