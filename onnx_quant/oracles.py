@@ -104,6 +104,14 @@ def in_non_oracle_use() -> bool:
     return _NOT_AN_ORACLE.get()
 
 
+def avx2_fma_on(flags: Iterable[str], machine: str | None = None) -> bool:
+    """Whether onnxruntime runs its x86 AVX2 / FMA3 MLAS kernels (QLinearAdd's fused
+    multiply-adds, the FMA3 logistic) on a CPU with these flags: the kernels the project's
+    numerics and reference ops reproduce bit for bit; elsewhere they differ by a step."""
+    machine = (machine or platform.machine()).lower()
+    return machine in ("x86_64", "amd64") and {"avx2", "fma"} <= set(flags)
+
+
 def probe_u8s8_exact() -> bool:
     """Whether onnxruntime sums u8s8 exactly here, measured: MatMulInteger of [255, 255] by
     [127, 127] is 64,770 exactly, 32,767 where the pair saturates."""

@@ -16,7 +16,6 @@ ties. Every variant is forced (test_float_kernels_gpu.run_all_variants).
 from __future__ import annotations
 
 import os
-import platform
 
 import numpy as np
 import pytest
@@ -28,24 +27,14 @@ from onnx_quant.errors import ExecutionError
 from test_float_kernels_gpu import (
     assert_same_bits, fma_f32, node_model, ort_run, run_all_variants, run_node,
 )
+from onnx_quant.oracles import avx2_fma_on, cpu_flags
 
 F32 = np.float32
 MS = "com.microsoft"
 
 
-def _cpu_has_fma3() -> bool:
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return False
-    return "avx2" in flags and "fma" in flags
-
-
 #: onnxruntime runs the AVX2 / FMA3 kernels the numpy models reproduce
-ORT_FMA3 = _cpu_has_fma3()
+ORT_FMA3 = avx2_fma_on(cpu_flags())
 
 
 def assert_matches_ort(got: np.ndarray, ort_out: np.ndarray, what: str) -> None:

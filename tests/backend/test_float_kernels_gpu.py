@@ -34,6 +34,7 @@ from onnx import helper, numpy_helper
 from onnx_quant.dtypes import type_name
 from onnx_quant.errors import ExecutionError, QuantError
 from onnx_quant.oracles import widen_u8s8
+from onnx_quant.reference_ops import fma_f32  # noqa: F401 - the test modules beside this one import it from here
 
 # tunables that gate variants, set so that every variant's size clause holds
 FORCE_TUNABLES = {"COARSE_MIN_WORDS": 0, "TILED_MIN_MACS": 0, "SERIAL_MAX_ELEMENTS": 10**9,
@@ -203,22 +204,6 @@ def data(shape, dtype, seed=0, scale=3.0):
 
 
 # ----------------------------------------------------------------------------- numerics helpers
-
-def fma_f32(a, b, c):
-    """Exact RN(a * b + c) in float32: the product is exact in float64, the sum is made
-    round-to-odd in float64 (TwoSum), which rounds correctly to float32."""
-    a, b, c = (np.asarray(v, np.float32).astype(np.float64) for v in (a, b, c))
-    p = a * b
-    s = p + c
-    bp = s - c
-    e = (p - bp) + (c - (s - bp))
-    sbits = s.view(np.int64).copy()
-    fix = (e != 0) & np.isfinite(s) & ((sbits & 1) == 0)
-    up = np.sign(e) == np.sign(s)
-    sbits = np.where(fix & up, sbits + 1, np.where(fix & ~up, sbits - 1, sbits))
-    with np.errstate(over="ignore"):
-        return sbits.view(np.float64).astype(np.float32)
-
 
 def _run_helper(dev, body: str, inputs: list[np.ndarray], n_out: int) -> np.ndarray:
     """Run a WGSL body (the numerics, float_exact and qlinear snippets included) with u32

@@ -13,7 +13,6 @@ elsewhere those comparisons allow one quantization step.
 
 from __future__ import annotations
 
-import platform
 
 import numpy as np
 import onnx
@@ -24,24 +23,14 @@ from onnx.reference import ReferenceEvaluator
 
 from conftest import onnxruntime_run
 from onnx_quant.reference_ops import OPS, reference_evaluator
+from onnx_quant.oracles import avx2_fma_on, cpu_flags
 
 F32 = np.float32
 MS = "com.microsoft"
 
 
-def _has_avx2_fma() -> bool:
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return False
-    return "avx2" in flags and "fma" in flags
-
-
 #: onnxruntime runs the MLAS kernels the reference reproduces (else: one step allowed)
-MLAS_AVX2 = _has_avx2_fma()
+MLAS_AVX2 = avx2_fma_on(cpu_flags())
 
 
 def node_model(op, inputs, out_types, *, consts=(), domain=MS, onnx_opset=21, **attrs):
