@@ -247,7 +247,7 @@ def test_div_magic_divides_exactly_below_2_31():
     ((3, 4, 2), (2, -5), (-9, 9), (-3, 1), (-1, 1)),
 ])
 def test_slice_map_walks_the_elements_numpy_slices(shape, starts, ends, axes, steps):
-    from onnx_quant.backend_wgpu.expr import slice_map
+    from onnx_quant.backend_wgpu.index_math import slice_map
 
     offset, lens, ok, dims, strides = slice_map(shape, starts, ends, axes, steps)
     x = np.arange(int(np.prod(shape))).reshape(shape)
@@ -267,7 +267,7 @@ def test_slice_map_walks_the_elements_numpy_slices(shape, starts, ends, axes, st
 
 
 def test_slice_map_flags_malformed_parameters():
-    from onnx_quant.backend_wgpu.expr import slice_map
+    from onnx_quant.backend_wgpu.index_math import slice_map
 
     assert not slice_map((4, 5), (0,), (2,), (2,), ())[2]       # axis out of range
     assert not slice_map((4, 5), (0,), (2,), (0,), (0,))[2]     # step 0

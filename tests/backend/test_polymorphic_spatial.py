@@ -218,7 +218,7 @@ def test_pool_index_division_by_a_runtime_size_is_exact(dev, channels):
     n below 2^31 (the specs' divMagicFits: the element count below 2^31; past it the template divides
     plainly). A 1x1 MaxPool over 63 x 65 positions divides every output index (up to 257 * 4095 - 1)
     by 4095, a runtime size that is not a power of two. Every output must be its input."""
-    from onnx_quant.backend_wgpu.expr import div_magic
+    from onnx_quant.backend_wgpu.index_math import div_magic
     from onnx_quant.backend_wgpu.session import Session
 
     node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[1, 1])
