@@ -19,6 +19,8 @@ from onnx_quant.backend_wgpu.planner import plan_node
 from onnx_quant.backend_wgpu.spec import load_spec, load_spec_file, load_specs, templates_dir
 from onnx_quant.errors import KernelRejected, SpecError
 
+SPECS = load_specs()
+KERNEL_FILES = sorted(templates_dir().glob("*.kernel.json"))
 _NAMES = {"float": "float32", "double": "float64"}
 
 
@@ -65,6 +67,77 @@ def _chain(doc: dict) -> list[dict]:
         if "extends" in d:
             todo.append(_doc(templates_dir() / d["extends"]))
     return out
+
+
+def test_no_per_version_copy_is_left():
+    copies = [p.name for p in KERNEL_FILES if re.search(r"_\d+\.kernel\.json$", p.name)]
+    assert not copies, copies
+
+
+def test_every_onnx_kernel_file_states_its_versions_for_onnx_defs_to_fill():
+    """A file of an operator onnx.defs knows states ``since`` (and ``until``), never a single
+    ``sinceVersion``; only the contrib domains (com.microsoft, ai.onnx_quant) state their own."""
+    for path in KERNEL_FILES:
+        doc = _doc(path)
+        if doc.get("domain", "ai.onnx") in ("ai.onnx", ""):
+            assert "since" in doc and "sinceVersion" not in doc and "untilVersion" not in doc, path.name
+        else:
+            assert "sinceVersion" in doc and "since" not in doc, path.name
+
+
+ONNX_OPS = sorted({s.name for s in SPECS if s.domain == "ai.onnx" and ".kernel.json[" in s.path})
+
+
+@pytest.mark.parametrize("op", ONNX_OPS)
+def test_generated_type_constraints_are_a_subset_of_onnx_defs_at_every_version(op):
+    served = [v for v in range(1, max(_versions(op)) + 3) if SPECS.find("", op, v) is not None]
+    assert served
+    for version in served:
+        spec = SPECS.find("", op, version)
+        schema = _schema(op, min(version, max(_versions(op))))
+        for output, decls in ((False, spec.inputs), (True, spec.outputs)):
+            for i, decl in enumerate(decls.values()):
+                allowed = _formal_types(schema, i, output)
+                if allowed is None:
+                    continue  # an input or output this version does not have (a later version's optional one)
+                extra = set(spec.type_constraints[decl.dtype]) - allowed
+                assert not extra, (op, version, decl.name, sorted(extra))
+
+
+@pytest.mark.parametrize("op", ONNX_OPS)
+def test_generated_specs_declare_every_attribute_of_their_schema_version(op):
+    """onnx.defs' attributes of each version, with its defaults (a stated default only where onnx.defs
+    has none); an attribute a version lacks is absent, or fixed at the value the kernel reads."""
+    for version in [v for v in _versions(op) if SPECS.find("", op, v) is not None]:
+        spec, schema = SPECS.find("", op, version), _schema(op, version)
+        settable = {n for n, a in spec.attributes.items() if not a.fixed}
+        assert settable == set(schema.attributes), (op, version)
+        stated = {n for part in _chain(_doc(Path(spec.path.split("[")[0]))) for n, d in part.get("attributes", {}).items()
+                  if "default" in d or "required" in d}
+        for name in settable - stated:
+            default = _onnx_default(schema, name)
+            if schema.attributes[name].required:
+                assert spec.attributes[name].required, (op, version, name)
+            else:
+                got = spec.attributes[name].default
+                assert (list(got) if isinstance(got, tuple) else got) == default, (op, version, name)
+
+
+@pytest.mark.parametrize("path", [p for p in KERNEL_FILES if "since" in _doc(p)], ids=lambda p: p.name)
+def test_every_stated_attribute_default_differs_from_onnx_defs_or_is_absent(path):
+    doc = _doc(path)
+    op = doc["name"]
+    versions = [v for v in _versions(op) if v >= doc["since"] and v <= doc.get("until", 10**6)]
+    for part in _chain(doc):
+        for name, decl in part.get("attributes", {}).items():
+            for version in versions:
+                schema = _schema(op, version)
+                if name not in schema.attributes:
+                    continue
+                if "default" in decl:
+                    assert decl["default"] != _onnx_default(schema, name), (path.name, name, version)
+                if decl.get("required"):
+                    assert not schema.attributes[name].required, (path.name, name, version)
 
 
 # ---------------------------------------------------------------- the expansion, on small files
