@@ -180,7 +180,7 @@ class _Table:
         attributes = d.get("attributes", {})
         if not isinstance(attributes, dict):
             raise self.err(f"{fld}.attributes", "expected an object name -> default")
-        derive = {"op": json.dumps(op), **self.part_expressions(d["expr"], family, fld)}
+        derive = dict(self.part_expressions(d["expr"], family, fld))
         declared = {a: self.attribute(a, v, fld) for a, v in attributes.items()}
         final = d.get("final")
         if final is not None and (not isinstance(final, str) or not final.strip()):
