@@ -4,7 +4,7 @@ A construction phase (:func:`split_model`, after the fusion phases) rewrites the
 
 * every *frontier* NonZero (one that no other GPU NonZero's output reaches) becomes the padded
   GPU form ``NonZero(X) -> (Y::nonzero_all, Y::nonzero_count)``: the kernel
-  (templates/non_zero.base.json) writes the indices of Y row-major into a buffer allocated for
+  (templates/non_zero.kernel.json) writes the indices of Y row-major into a buffer allocated for
   ``[rank, numel(X)]`` (so a count beyond it cannot happen) and the count into an int64 ``[1]``;
 * the nodes that read Y, directly or through others (the *region*), move into the body of one
   ``onnx_quant.sync::DataDependent`` node that reads the padded outputs, the counts and the other

@@ -500,11 +500,11 @@ _ML_TYPES = frozenset({"bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e
 
 
 def _node_attributes(spec: KernelSpec, attributes: Mapping[str, Any] | None, where: "_Where") -> dict[str, Any]:
-    """Declared defaults overridden by the node's attributes; undeclared ones are errors."""
+    """Declared defaults overridden by the node's attributes; undeclared (or fixed) ones are errors."""
     given = dict(attributes or {})
     for n in given:
-        if n not in spec.attributes:
-            declared = ", ".join(spec.attributes) or "none"
+        if n not in spec.attributes or spec.attributes[n].fixed:
+            declared = ", ".join(a for a, d in spec.attributes.items() if not d.fixed) or "none"
             raise where.rejection(f"attribute {n!r} is not supported by kernel {spec.name} "
                                   f"(declared attributes: {declared})")
     out: dict[str, Any] = {}

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
+from onnx_quant.backend_wgpu import spec_versions
 from onnx_quant.backend_wgpu.expr import (
     RESERVED_NAMES, Expr, Scope, Value, suggest,
 )
@@ -31,7 +32,7 @@ from onnx_quant.errors import ExpressionError, SpecError
 
 __all__ = [
     "KernelSpec", "Variant", "Pass", "BindingDecl", "PassBinding", "StructMember", "Intermediate",
-    "Tunable", "TensorDecl", "Derive", "AttributeDecl", "SpecRegistry", "load_spec", "load_specs",
+    "Tunable", "TensorDecl", "Derive", "AttributeDecl", "SpecRegistry", "load_spec", "load_spec_file", "load_specs",
     "templates_dir", "wgsl_type_layout", "CONTEXT_KEYS", "ACCESS_BY_BUFFER", "DEFAULT_DOMAIN",
 ]
 
@@ -137,13 +138,16 @@ class AttributeDecl:
     """A node attribute the kernel understands (top-level ``attributes``).
 
     ``default`` is the value used when the node does not set it (int, float, str or a
-    tuple of ints/floats); ``required`` attributes have no default and must be set.
+    tuple of ints/floats); ``required`` attributes have no default and must be set. A
+    ``fixed`` one is a value the kernel reads that the node may not set: a generated spec's
+    attribute its schema version does not have yet (backend_wgpu/spec_versions.py).
     """
 
     name: str
     default: Any = None
     required: bool = False
     description: str = ""
+    fixed: bool = False
 
 
 @dataclass(frozen=True)
@@ -293,7 +297,7 @@ _TOP_KEYS = {"domain", "name", "sinceVersion", "untilVersion", "inputs", "output
              "tunables", "derive", "bindings", "variants", "description", "attributes", "uniforms"}
 _TOP_REQUIRED = {"name", "sinceVersion", "inputs", "outputs", "typeConstraints", "variants"}
 _IO_KEYS = {"dtype", "rank", "shape", "optional", "constant"}
-_ATTRIBUTE_KEYS = {"default", "required", "description"}
+_ATTRIBUTE_KEYS = {"default", "required", "description", "fixed"}
 _TUNABLE_KEYS = {"default", "description"}
 _BINDING_KEYS = {"name", "elementType", "length", "buffer", "struct"}
 _MEMBER_KEYS = {"name", "type", "value"}
@@ -505,6 +509,10 @@ class _Loader:
     # -- the whole file
     def load(self) -> KernelSpec:
         return self.spec(self.resolve(self.path, ()))
+
+    def load_raw(self, raw: Any) -> KernelSpec:
+        """The spec of the file's already-read JSON ``raw``."""
+        return self.spec(self.resolve(self.path, (), raw))
 
     def read_json(self, path: Path) -> Any:
         """The parsed JSON of ``path``; its problems are SpecErrors naming that file."""
@@ -738,8 +746,14 @@ class _Loader:
             if not required and "default" not in d:
                 raise self.err(f, "missing required key 'default' (or mark the attribute \"required\": true)")
             default = self.attribute_default(d["default"], f"{f}.default") if "default" in d else None
+            fixed = d.get("fixed", False)
+            if not isinstance(fixed, bool):
+                raise self.err(f"{f}.fixed", f"expected a boolean, found {_json_type(fixed)}")
+            if fixed and required:
+                raise self.err(f, "a fixed attribute has a 'default' (the value the kernel reads)")
             out[aname] = AttributeDecl(aname, default, required,
-                                       self.string(d.get("description", ""), f"{f}.description", nonempty=False))
+                                       self.string(d.get("description", ""), f"{f}.description", nonempty=False),
+                                       fixed)
         return out
 
     def element_type(self, v: Any, fld: str) -> str:
@@ -972,9 +986,30 @@ class _Loader:
         return PassBinding(index, ref, resource, resource, role, access, decl.element_type, decl.length, None, fld)
 
 
-def load_spec(path: str | Path) -> KernelSpec:
-    """Load and validate one ``*.kernel.json``. Raises SpecError(file, field, reason)."""
-    return _Loader(Path(path)).load()
+def load_spec_file(path: str | Path) -> list[KernelSpec]:
+    """Load and validate one ``*.kernel.json``: its one spec, or, for a file that states ``since``,
+    one per schema version of its operator whose generated document changes
+    (backend_wgpu/spec_versions.py), oldest first. Raises SpecError(file, field, reason); the
+    errors of a generated spec name ``<file name>[<Op>-<version>]``."""
+    path = Path(path)
+    raw = _Loader(path).read_json(path)
+    if not (isinstance(raw, dict) and any(k in raw for k in spec_versions.VERSION_KEYS)):
+        return [_Loader(path).load_raw(raw)]
+    docs = spec_versions.expand(raw, str(path), lambda doc: _Loader(path).resolve(path, (), doc))
+    return [_Loader(path, label=label).spec(doc) for label, doc in docs]
+
+
+def load_spec(path: str | Path, *, version: int | None = None) -> KernelSpec:
+    """Load and validate one ``*.kernel.json`` and return one spec: a file that generates several
+    gives the one serving opset ``version`` (default: its newest). Raises SpecError(file, field,
+    reason), and KeyError for a ``version`` the file does not serve."""
+    specs = load_spec_file(path)
+    if version is None:
+        return specs[-1]
+    found = SpecRegistry(specs).find(specs[0].domain, specs[0].name, version)
+    if found is None:
+        raise KeyError(f"{path}: no spec for opset {version}")
+    return found
 
 
 def load_spec_document(doc: Mapping[str, Any], path: str | Path, label: str) -> KernelSpec:
@@ -1050,6 +1085,6 @@ def load_specs(directory: str | Path | None = None) -> SpecRegistry:
         raise SpecError(str(d), "<directory>", "not a directory")
     from onnx_quant.backend_wgpu.spec_tables import load_table  # noqa: PLC0415 (it imports this module)
 
-    files = [load_spec(p) for p in sorted(d.glob("*.kernel.json"))]
+    files = [s for p in sorted(d.glob("*.kernel.json")) for s in load_spec_file(p)]
     tables = [s for p in sorted(d.glob("*.ops.json")) for s in load_table(p)]
     return SpecRegistry([*files, *tables])

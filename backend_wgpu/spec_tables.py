@@ -29,7 +29,7 @@ from typing import Any, Mapping
 
 from onnx_quant import opsets
 from onnx_quant.backend_wgpu.spec import KernelSpec, load_spec_document
-from onnx_quant.dtypes import element_type
+from onnx_quant.backend_wgpu.spec_versions import intersect_types
 from onnx_quant.errors import SpecError
 
 _TABLE_KEYS = {"description", "families", "ops"}
@@ -149,15 +149,12 @@ class _Table:
 
     def allowed(self, op: str, version: int, family: Mapping[str, Any], types: Mapping[str, list[str]],
                 fld: str) -> dict[str, list[str]]:
-        """The table's types per constraint, less what this schema version does not allow."""
-        facts = opsets.op_facts(op, version)
-        out: dict[str, list[str]] = {}
-        for section, formals in (("inputs", facts.input), ("outputs", facts.output)):
-            for i, (io, decl) in enumerate(self.io_decls(op, version, family, section, fld).items()):
-                constraint = decl["dtype"]
-                formal = formals(i)
-                names = {element_type(c).name for c in formal.allowed if _known(c)}
-                out[constraint] = [t for t in out.get(constraint, types[constraint]) if t in names]
+        """The table's types per constraint, less what this schema version does not allow
+        (spec_versions.intersect_types, as a kernel file's)."""
+        inputs = self.io_decls(op, version, family, "inputs", fld)
+        outputs = self.io_decls(op, version, family, "outputs", fld)
+        bound = [d["dtype"] for d in (*inputs.values(), *outputs.values())]
+        out = intersect_types(opsets.op_facts(op, version), inputs, outputs, {c: types[c] for c in dict.fromkeys(bound)})
         for c, ts in out.items():
             if not ts:
                 raise self.err(f"{fld}.types.{c}", f"{op}-{version} allows none of {types[c]} (end the entry "
@@ -180,7 +177,7 @@ class _Table:
         attributes = d.get("attributes", {})
         if not isinstance(attributes, dict):
             raise self.err(f"{fld}.attributes", "expected an object name -> default")
-        derive = {"op": json.dumps(op), **self.part_expressions(d["expr"], family, fld)}
+        derive = dict(self.part_expressions(d["expr"], family, fld))
         declared = {a: self.attribute(a, v, fld) for a, v in attributes.items()}
         final = d.get("final")
         if final is not None and (not isinstance(final, str) or not final.strip()):
@@ -269,14 +266,6 @@ def _expr_ok(exprs: list[str], operands: list[str]) -> str:
             terms.append("(" + " or ".join(f'dtypes.{io} == "{t}"' for t in REGISTERS[reg]) + ")")
         alternatives.append("(" + " and ".join(terms) + ")")
     return " or ".join(alternatives)
-
-
-def _known(code: int) -> bool:
-    try:
-        element_type(code)
-    except Exception:  # noqa: BLE001 (a type this project has no name for: not offered)
-        return False
-    return True
 
 
 def load_table(path: str | Path) -> list[KernelSpec]:

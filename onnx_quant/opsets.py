@@ -14,8 +14,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
-from onnx import TensorProto, defs
+from onnx import AttributeProto, TensorProto, defs, helper
 
 from onnx_quant.errors import QuantError
 
@@ -71,6 +72,9 @@ class AttrFacts:
     name: str
     type: int  # AttributeProto.AttributeType
     required: bool
+    #: the schema's default as ``onnx.helper.get_attribute_value`` gives it (strings decoded, lists
+    #: as tuples; a tensor default stays a TensorProto), ``None`` where the schema gives none
+    default: Any = None
 
 
 @dataclass(frozen=True)
@@ -168,6 +172,19 @@ def schema_since_version(op_type: str, opset: int, domain: str = "") -> int:
         raise UnknownOperator(f"no schema for {domain or 'ai.onnx'}::{op_type} at opset {opset}") from exc
 
 
+def _default(attr) -> Any:
+    """An attribute schema's default value (``None``: it has none)."""
+    proto = attr.default_value
+    if proto is None or proto.type == AttributeProto.UNDEFINED:
+        return None
+    value = helper.get_attribute_value(proto)
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, list):
+        return tuple(v.decode("utf-8") if isinstance(v, bytes) else v for v in value)
+    return value
+
+
 @lru_cache(maxsize=None)
 def op_facts(op_type: str, since_version: int, domain: str = "") -> OpFacts:
     """Facts of the schema with exactly this ``since_version`` (or the one in force at it)."""
@@ -189,7 +206,8 @@ def op_facts(op_type: str, since_version: int, domain: str = "") -> OpFacts:
         inputs=_params(s.inputs, constraints),
         outputs=_params(s.outputs, constraints),
         type_constraints=constraints,
-        attributes={name: AttrFacts(name, int(a.type), bool(a.required)) for name, a in s.attributes.items()},
+        attributes={name: AttrFacts(name, int(a.type), bool(a.required), _default(a))
+                    for name, a in s.attributes.items()},
         min_input=int(s.min_input),
         max_input=int(s.max_input),
         min_output=int(s.min_output),

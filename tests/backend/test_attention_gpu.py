@@ -1,4 +1,4 @@
-"""Attention (opsets 23, 24, 25; templates/attention.base.json) on the GPU.
+"""Attention (opsets 23, 24, 25; templates/attention.kernel.json) on the GPU.
 
 - ONNX's Attention node cases pass with no host fallback under each variant (the softmax's
   workgroup and serial forms), or are named in DECLINED with the clause that declines them;

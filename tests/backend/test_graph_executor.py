@@ -35,11 +35,11 @@ def dev(best):
 
 @pytest.fixture(scope="module")
 def reg():
-    from onnx_quant.backend_wgpu.spec import SpecRegistry, load_spec, templates_dir
+    from onnx_quant.backend_wgpu.spec import SpecRegistry, load_spec_file, templates_dir
     from onnx_quant.backend_wgpu.spec_tables import load_table
 
     table = [s for s in load_table(templates_dir() / "elementwise.ops.json") if s.name in TABLE_OPS]
-    return SpecRegistry([load_spec(templates_dir() / f) for f in KERNEL_FILES] + table)
+    return SpecRegistry([s for f in KERNEL_FILES for s in load_spec_file(templates_dir() / f)] + table)
 
 
 def session(model, dev, reg, **kw):

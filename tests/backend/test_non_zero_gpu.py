@@ -1,4 +1,4 @@
-"""NonZero on the GPU (templates/non_zero.base.json) and its data-dependent output size as one sync
+"""NonZero on the GPU (templates/non_zero.kernel.json) and its data-dependent output size as one sync
 (backend_wgpu/data_dependent.py): the host reads back the count, the nodes reading NonZero's output
 run as a body session planned for that count. Oracles: numpy.nonzero (bit for bit) and onnxruntime
 CPU on models where NonZero feeds Transpose -> GatherND and a Shape, as YOLO / NMS exports do."""

@@ -71,7 +71,8 @@ def test_attribute_defaults_are_onnx_defaults(op):
 
 
 def _copy_family(tmp_path, table: dict):
-    for name in ("elementwise_unary.base.json", "elementwise-expr.wgsl.jinja", "elementwise.wgsl.jinja"):
+    for name in ("elementwise_unary.base.json", "word_grid.base.json", "elementwise-expr.wgsl.jinja",
+                 "elementwise.wgsl.jinja"):
         shutil.copy(templates_dir() / name, tmp_path / name)
     path = tmp_path / "t.ops.json"
     path.write_text(json.dumps(table))
@@ -128,7 +129,8 @@ def test_a_generated_spec_error_names_the_table_entry(tmp_path):
 
 
 def test_pass_shaders_override_a_base_pass(tmp_path):
-    for name in ("elementwise_unary.base.json", "elementwise-expr.wgsl.jinja", "elementwise.wgsl.jinja"):
+    for name in ("elementwise_unary.base.json", "word_grid.base.json", "elementwise-expr.wgsl.jinja",
+                 "elementwise.wgsl.jinja"):
         shutil.copy(templates_dir() / name, tmp_path / name)
     member = {"name": "Foo", "sinceVersion": 1, "extends": "elementwise_unary.base.json",
               "typeConstraints": {"T": ["float32"]}, "derive": {"op": "\"Foo\""},
