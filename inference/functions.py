@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import onnx
 
-from onnx_quant.inference.context import TensorInfo
-from onnx_quant.inference.registry import NodeContext
+from .context import TensorInfo
+from .registry import NodeContext
+from .scope import UNKNOWN, Graph, Scope, node_label
 
-_UNKNOWN = TensorInfo()
 #: nested calls deeper than this are refused (a function calling itself through others)
 MAX_DEPTH = 64
 
@@ -39,8 +39,6 @@ def index(model: onnx.ModelProto) -> dict[tuple[str, str, str], onnx.FunctionPro
 
 def call(p, g, n: NodeContext, fn: onnx.FunctionProto) -> bool:
     """Type the outputs of call ``n`` by inferring ``fn``'s body; False if it cannot be expanded."""
-    from onnx_quant.inference.engine import _Graph, _label, _Scope
-
     node = n.node
     ident = (fn.domain, fn.name, fn.overload)
     if ident in p._call_stack or len(p._call_stack) >= MAX_DEPTH:
@@ -57,19 +55,19 @@ def call(p, g, n: NodeContext, fn: onnx.FunctionProto) -> bool:
     opsets = dict(p.opsets)
     for o in fn.opset_import:
         opsets["" if o.domain in ("", "ai.onnx") else o.domain] = int(o.version)
-    scope = _Scope(opsets, p.strict, p.diagnostics, None)
+    scope = Scope(opsets, p.strict, p.diagnostics, None)
     absent = set()
     for i, formal in enumerate(fn.input):
         actual = node.input[i] if i < len(node.input) else ""
         if not actual:
             absent.add(formal)
             continue
-        scope._values[formal] = n.ctx.get(actual) or _UNKNOWN
+        scope.define(formal, n.ctx.get(actual) or UNKNOWN)
         other = n.ctx.other_type(actual)
         if other is not None:
             scope.other[formal] = other
-    label = _label(node, n.index)
-    body = _Graph(fn, scope, p.dispatch_table(opsets), prefix=f"{g.prefix}{label}/",
+    label = node_label(node, n.index)
+    body = Graph(fn, scope, p.dispatch_table(opsets), prefix=f"{g.prefix}{label}/",
                   where=f"{g.where}/{label}" if g.where else label, nodes=instantiate(p, fn, node, absent))
     p._call_stack.append(ident)
     try:
@@ -85,7 +83,7 @@ def call(p, g, n: NodeContext, fn: onnx.FunctionProto) -> bool:
             n.ctx.other[actual] = other
             n.ctx.set(actual, TensorInfo())
         else:
-            n.ctx.set(actual, scope.get(formal) or _UNKNOWN)
+            n.ctx.set(actual, scope.get(formal) or UNKNOWN)
     return True
 
 
