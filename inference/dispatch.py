@@ -4,7 +4,8 @@ In order of preference: ``Constant`` by the engine; ``If``, ``Loop`` and ``Scan`
 engine's body inference (``inference.subgraphs``); the op's own rule (``inference.registry``);
 onnx's per-node inference for the schema ``onnx.defs`` selects (the fallback); a model-local
 function (``inference.functions``); else nothing. The facts of the installed onnx (schemas,
-their required inputs) are decided once per process and registry state; an ``Entry`` adds what is per pass (its memo, the model's function).
+their required inputs) come through ``onnx_quant.opsets`` and are decided once per process
+and registry state; an ``Entry`` adds what is per pass (its memo, the model's function).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from functools import lru_cache
 from typing import Any, Callable
 
 import onnx
-from onnx import defs
+
+from onnx_quant import opsets
 
 from . import registry, subgraphs
 from .api import (
@@ -96,33 +98,19 @@ def dispatch_facts(domain: str, op: str, opset: int, generation: int, lookup) ->
 
 @lru_cache(maxsize=None)
 def schema_facts(domain: str, op_type: str, opset: int) -> tuple[Any, tuple, tuple | None]:
-    """(the onnx.defs schema serving ``opset``, or None; its required inputs; its variadic
-    input): facts of the installed onnx, looked up once per process."""
-    try:
-        schema = defs.get_schema(op_type, opset, domain)
-    except Exception:  # SchemaError: no such op at this version
+    """(the onnx.defs schema serving ``opset``, or None; the indices of its single
+    (non-optional) inputs; (start, min count, name) of its variadic input, or None)."""
+    schema = opsets.schema(op_type, opset, domain)
+    if schema is None:
         return None, (), None
-    return (schema, *_required_inputs(schema))
-
-
-def _required_inputs(schema) -> tuple[tuple, tuple | None]:
-    """Indices of single (non-optional) inputs, and (start, min count, name) of a variadic one."""
-    single = defs.OpSchema.FormalParameterOption.Single
-    variadic = defs.OpSchema.FormalParameterOption.Variadic
+    facts = opsets.op_facts(op_type, schema.since_version, domain)
     required, var = [], None
-    for i, p in enumerate(schema.inputs):
-        if p.option == single:
-            required.append(i)
-        elif p.option == variadic and p.min_arity > 0:
-            var = (i, int(p.min_arity), p.name)
-    return tuple(required), var
-
-
-@lru_cache(maxsize=None)
-def _first_version(op_type: str) -> int | None:
-    """The first ai.onnx opset defining ``op_type`` (None if ONNX has no such op)."""
-    versions = [s.since_version for s in defs.get_all_schemas_with_history() if s.name == op_type and s.domain == ""]
-    return min(versions) if versions else None
+    for p in facts.inputs:
+        if not p.optional and not p.variadic:
+            required.append(p.index)
+        elif p.variadic and p.min_arity > 0:
+            var = (p.index, p.min_arity, p.name)
+    return schema, tuple(required), var
 
 
 def schema_for(domain: str, op_type: str, opset: int):
@@ -161,9 +149,9 @@ def unknown_op(n: NodeContext, entry: Entry, report: Callable[[Exception], None]
     op of another domain (strict mode only: its outputs stay unknown)."""
     op, domain, opset = entry.op, entry.domain, entry.opset
     if domain == "":
-        first = _first_version(op)
-        if first is not None:
-            msg = f"{op} is not defined at ai.onnx opset {opset}: it first appears in opset {first}"
+        versions = opsets.since_versions(op)
+        if versions:
+            msg = f"{op} is not defined at ai.onnx opset {opset}: it first appears in opset {versions[0]}"
         else:
             msg = f"ai.onnx has no operator {op!r}"
         report(n.error("unknown-op", msg))

@@ -1,6 +1,7 @@
 """onnx's per-node inference, for a node no rule of this project serves (the *fallback*).
 
-The node goes to onnx's per-node inference for the schema ``onnx.defs`` selects, with its inputs' types (and those of the outer-scope values its bodies read), small
+The node goes to ``onnx.shape_inference.infer_node_outputs`` for the schema ``onnx.defs``
+selects, with its inputs' types (and those of the outer-scope values its bodies read), small
 constant inputs as data (Reshape's shape, Slice's starts, Resize's scales need it; weights
 never do) and the model's opset imports. A unary same-type node whose signature onnx
 accepted before is typed without the round trip (``_UNARY_ACCEPTED``).
@@ -22,6 +23,7 @@ from .scope import UNKNOWN, Bookkeeping, LazyConstant, NodeCtx, Scope
 DATA_MAX_ELEMENTS = 64
 
 _GRAPH_ATTRS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+_NO_TYPE = onnx.TypeProto()
 
 #: ai.onnx operators without an own rule whose output is, by the standard, their one input's
 #: element type and shape (unary elementwise). Whether onnx's inference accepts such a node is
@@ -39,15 +41,16 @@ _UNARY_ACCEPTED_MAX = 4096
 
 
 class Fallback:
-    """onnx's inference for one pass: the model's opset imports and IR version, and each small
-    constant's ``TensorProto`` bytes made once."""
+    """onnx's inference for one pass: the model's opset imports and IR version, and each
+    value's form for onnx (its ``TypeProto``, a small constant's ``TensorProto``) made once."""
 
     def __init__(self, model: onnx.ModelProto, keys: Keys, owner: Bookkeeping) -> None:
         self.keys = keys
         self.owner = owner  # notes the constants onnx reads (the memo), reports what onnx rejects
-        self.onnx_opsets = {o.domain: int(o.version) for o in model.opset_import} or {"": 1}
+        self.opset_imports = list(model.opset_import) or [onnx.helper.make_opsetid("", 1)]
         self.ir_version = int(model.ir_version) or onnx.IR_VERSION
-        self._data_bytes: dict[int, tuple] = {}  # id(info) -> (info, TensorProto bytes or None)
+        self._types: dict[int, tuple] = {}  # id(info) -> (info, TypeProto)
+        self._data: dict[int, tuple] = {}  # id(info) -> (info, TensorProto or None)
 
     def run(self, schema, n: NodeCtx) -> str:
         """Type the node with onnx's inference; returns the node's source (see NodeRecord)."""
@@ -58,27 +61,27 @@ class Fallback:
             x = scope.get(node.input[0])  # what onnx answered for this signature before
             scope.define(node.output[0], TensorInfo(x.elem_type, x.shape))
             return SOURCE_FALLBACK
-        types: dict[str, bytes] = {}
-        data: dict[str, bytes] = {}
+        types: dict[str, onnx.TypeProto] = {}
+        data: dict[str, onnx.TensorProto] = {}
         all_typed = True
         for name in node.input:
             if not name or name in types:
                 continue
-            b = self._name_type_bytes(scope, name)
-            all_typed &= bool(b)
-            types[name] = b
+            tp, typed = self._type_of(scope, name)
+            all_typed &= typed
+            types[name] = tp
             info = scope.get(name)
             if info is not None:
-                d = self._data(info)
+                d = self._data_of(info)
                 if d is not None:
                     data[name] = d
         if any(a.type in _GRAPH_ATTRS for a in node.attribute):
             for name in _subgraph_references(node):
                 if name not in types and name in scope:
-                    types[name] = self._name_type_bytes(scope, name)
+                    types[name] = self._type_of(scope, name)[0]
         try:
-            out = schema._infer_node_outputs(node.SerializeToString(), types, data, {},
-                                             self.onnx_opsets, self.ir_version)
+            out = onnx.shape_inference.infer_node_outputs(schema, node, types, data, None, self.opset_imports,
+                                                          self.ir_version)
         except Exception as e:
             if not all_typed:  # with an unknown input the failure is a consequence, not a finding
                 return SOURCE_UNKNOWN
@@ -88,18 +91,17 @@ class Fallback:
         for name in node.output:
             if not name:
                 continue
-            b = out.get(name)
-            if not b:
+            tp = out.get(name)
+            if tp is None or not tp.ByteSize():
                 scope.define(name, UNKNOWN)
                 continue
-            tp = onnx.TypeProto.FromString(b)
             if tp.WhichOneof("value") not in (None, "tensor_type"):
                 scope.other[name] = tp
                 scope.define(name, TensorInfo())
                 continue
             info = keys.from_type_proto(tp)
             scope.define(name, info)
-            keys.intern(info, b)  # consumers pass onnx's own bytes back to it
+            keys.intern(info, tp.SerializeToString())  # consumers pass onnx's own bytes back to it
         if signature is not None:
             x = scope.get(node.input[0])
             if scope.local(node.output[0]) == TensorInfo(x.elem_type, x.shape):
@@ -108,37 +110,41 @@ class Fallback:
                 _UNARY_ACCEPTED.add(signature)
         return SOURCE_FALLBACK
 
-    def _name_type_bytes(self, scope: Scope, name: str) -> bytes:
+    def _type_of(self, scope: Scope, name: str) -> tuple[onnx.TypeProto, bool]:
+        """(``name``'s type for onnx, whether it is typed): an empty ``TypeProto`` when unknown."""
         tp = scope.other_type(name)
         if tp is not None:
-            return tp.SerializeToString()
+            return tp, bool(tp.ByteSize())
         info = scope.get(name)
         if info is None or not info.elem_type:
-            return b""
-        return self.keys.type_bytes(info)
+            return _NO_TYPE, False
+        rec = self._types.get(id(info))
+        if rec is None:
+            rec = self._types[id(info)] = (info, onnx.TypeProto.FromString(self.keys.type_bytes(info)))
+        return rec[1], True
 
-    def _data(self, info: TensorInfo) -> bytes | None:
-        """A small constant as TensorProto bytes (onnx's inference reads Reshape's shape ...)."""
-        rec = self._data_bytes.get(id(info))
+    def _data_of(self, info: TensorInfo) -> onnx.TensorProto | None:
+        """A small constant as a TensorProto (onnx's inference reads Reshape's shape ...)."""
+        rec = self._data.get(id(info))
         if rec is not None:
             if rec[1] is not None and type(info) is LazyConstant:
                 self.owner.log.append(info)  # onnx reads it: the node's result depends on it
             return rec[1]
-        b = None
+        t = None
         if type(info) is LazyConstant:
             if not info.external and info.size <= DATA_MAX_ELEMENTS:
-                b = info.proto.SerializeToString()
+                t = info.proto
                 self.owner.log.append(info)
         else:
             v = info.value
             # object arrays (symbolic entries, a rule's form) have no TensorProto form
             if v is not None and v.dtype != object and v.size <= DATA_MAX_ELEMENTS:
                 try:
-                    b = numpy_helper.from_array(np.asarray(v)).SerializeToString()
+                    t = numpy_helper.from_array(np.asarray(v))
                 except Exception:  # a dtype numpy_helper cannot write: onnx gets no data
-                    b = None
-        self._data_bytes[id(info)] = (info, b)
-        return b
+                    t = None
+        self._data[id(info)] = (info, t)
+        return t
 
 
 def _unary_signature(schema, node: onnx.NodeProto, scope: Scope) -> tuple | None:
