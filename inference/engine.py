@@ -41,7 +41,7 @@ from onnx_quant.budget import resolve as resolve_budget
 from onnx_quant.errors import InferenceError, QuantError
 from onnx_quant.model_io import EXAMPLE_NAME, ModelSource, check_external_files, load_model
 
-from . import functions, registry, rules  # noqa: F401  (rules: registers every rule module)
+from . import registry, rules  # noqa: F401  (rules: registers every rule module)
 from .api import (
     SOURCE_CONSTANT, SOURCE_DECLARED, SOURCE_FAILED, SOURCE_FUNCTION, SOURCE_RULE, SOURCE_UNKNOWN, TYPED_SOURCES,
     InferenceResult, NodeRecord, describe,
@@ -54,6 +54,7 @@ from .dispatch import (
 )
 from .fallback import Fallback
 from .folding import fold
+from .functions import Functions
 from .memo import NEVER, Dep, Keys
 from .model_facts import model_facts
 from .registry import NodeContext, normalize_domain
@@ -182,7 +183,8 @@ def _checker_view(proto: onnx.ModelProto, base_dir, label: str) -> onnx.ModelPro
 # ------------------------------------------------------------------ the pass
 class Pass:
     """State of one walk; nothing outlives ``run`` but the result (which holds the scopes and
-    the serialized types, never the pass)."""
+    the serialized types, never the pass). Its helpers see it as an
+    ``inference.protocol.InferencePass``."""
 
     def __init__(self, model: onnx.ModelProto, *, strict: bool, label: str = "<model>",
                  declared_outputs_win: bool = True, runtime: bool = False) -> None:
@@ -209,8 +211,7 @@ class Pass:
         self.fallback = Fallback(model, keys, self.owner)  # it reports through the bookkeeping: no cycle
         self.result = InferenceResult(scope, types=keys)
         self._dispatch_tables: dict[tuple, dict] = {}
-        self.functions = functions.index(model)
-        self._call_stack: list = []
+        self.functions = Functions(model)
         top = Graph(model.graph, scope, self.dispatch_table(opsets), top=True)
         top.typed_by = self.result.typed_by
         scope.other = self.result.other_types
@@ -423,7 +424,7 @@ class Pass:
         elif kind is K_CONSTANT:
             source = self._constant(n, entry)
         elif kind is K_FUNCTION:
-            source = SOURCE_FUNCTION if functions.call(self, g, n, entry.function) else SOURCE_FAILED
+            source = SOURCE_FUNCTION if self.functions.call(self, g, n, entry.function) else SOURCE_FAILED
         elif kind is K_UNKNOWN:
             unknown_op(n, entry, report, self.strict)
         elif not required_present(n, entry, report):

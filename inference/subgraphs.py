@@ -35,8 +35,9 @@ from onnx_quant.dtypes import type_name
 
 from .context import TensorInfo, info_text, merge_info
 from .dims import Dim, named_symbol
+from .protocol import InferencePass
 from .registry import NodeContext
-from .scope import UNKNOWN, node_label
+from .scope import UNKNOWN, Graph, node_label
 
 INT64, BOOL = TensorProto.INT64, TensorProto.BOOL
 #: how many times a Loop/Scan body is re-inferred while the state types widen
@@ -79,13 +80,13 @@ def _graph_attr(n: NodeContext, name: str) -> onnx.GraphProto | None:
     return None
 
 
-def _missing_body(p, n: NodeContext, name: str) -> bool:
+def _missing_body(p: InferencePass, n: NodeContext, name: str) -> bool:
     p.raise_or_record(n.error("control-flow.attribute", f"{n.node.op_type} needs a graph attribute {name!r}",
                               subject=f"attribute {name}", expected="a graph", found="nothing"))
     return False
 
 
-def _seed(p, n: NodeContext, body: onnx.GraphProto, i: int, outer):
+def _seed(p: InferencePass, n: NodeContext, body: onnx.GraphProto, i: int, outer):
     """Body input ``i``'s type: the outer type merged with the body's declaration (a
     ``TypeProto`` for a sequence/optional/map value, ``None`` to keep the declaration)."""
     if isinstance(outer, onnx.TypeProto):
@@ -136,7 +137,7 @@ def _label(n: NodeContext) -> str:
     return node_label(n.node, n.index)
 
 
-def _count(p, n: NodeContext, what: str, expected: int, found: int) -> None:
+def _count(p: InferencePass, n: NodeContext, what: str, expected: int, found: int) -> None:
     p.raise_or_record(n.error("control-flow." + what.replace(" ", "-"),
                               f"the body's {what} do not match the node's", subject=what,
                               expected=expected, found=found))
@@ -156,7 +157,7 @@ def _scalar(info: TensorInfo | None):
 
 
 # ------------------------------------------------------------------ If
-def infer_if(p, g, n: NodeContext) -> bool:
+def infer_if(p: InferencePass, g: Graph, n: NodeContext) -> bool:
     node = n.node
     cond = n.input(0)
     if cond is not None and cond.elem_type and cond.elem_type != BOOL:
@@ -201,8 +202,8 @@ def infer_if(p, g, n: NodeContext) -> bool:
 
 
 # ------------------------------------------------------------------ Loop and Scan states
-def _iterate(p, g, n: NodeContext, body: onnx.GraphProto, fixed: list[TensorInfo], initial: list[TensorInfo],
-             state_offset: int, extra: list[TensorInfo], names: list[str]):
+def _iterate(p: InferencePass, g: Graph, n: NodeContext, body: onnx.GraphProto, fixed: list[TensorInfo],
+             initial: list[TensorInfo], state_offset: int, extra: list[TensorInfo], names: list[str]):
     """Infer ``body`` with inputs ``fixed + states + extra`` until the state types are stable.
 
     Returns (body graph, final state types, body outputs)."""
@@ -227,7 +228,7 @@ def _iterate(p, g, n: NodeContext, body: onnx.GraphProto, fixed: list[TensorInfo
     raise AssertionError("unreachable")
 
 
-def infer_loop(p, g, n: NodeContext) -> bool:
+def infer_loop(p: InferencePass, g: Graph, n: NodeContext) -> bool:
     node = n.node
     body = _graph_attr(n, "body")
     if body is None:
@@ -274,7 +275,7 @@ def _trip_count(n: NodeContext, outs) -> object:
     return named_symbol(node.name or next((o for o in node.output if o), "loop"), "iterations")
 
 
-def _axis(p, n: NodeContext, axis: int, rank: int, what: str) -> int | None:
+def _axis(p: InferencePass, n: NodeContext, axis: int, rank: int, what: str) -> int | None:
     if -rank <= axis < rank:
         return axis + rank if axis < 0 else axis
     p.raise_or_record(n.error("control-flow.axis", f"{what} is out of range", subject=what,
@@ -282,7 +283,7 @@ def _axis(p, n: NodeContext, axis: int, rank: int, what: str) -> int | None:
     return None
 
 
-def infer_scan(p, g, n: NodeContext) -> bool:
+def infer_scan(p: InferencePass, g: Graph, n: NodeContext) -> bool:
     node = n.node
     body = _graph_attr(n, "body")
     if body is None:
