@@ -244,7 +244,7 @@ class Pass:
         kids_get = kids.get
         kid_of = self.keys.kid_of
         bind = scope.bind
-        contains = scope.defined()
+        contains = g.defined
         typed_by = g.typed_by
         declared = g.declared
         produced = g.produced
@@ -377,7 +377,7 @@ class Pass:
             return False
         name = outputs[0]
         scope = g.scope
-        if not name or scope.defined()(name):
+        if not name or g.defined(name):
             return False
         info = constant_info(node.attribute, self.owner, self.label)
         if info is None:
@@ -404,7 +404,7 @@ class Pass:
         scope = g.scope
         if key is None:  # with a key every input was found already
             self._check_inputs_defined(g, n)
-        contains = scope.defined()
+        contains = g.defined
         for name in outputs:
             if name and contains(name):
                 self._redefined(g, index, node, name)

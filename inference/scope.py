@@ -328,6 +328,7 @@ class Graph:
         self.final_outputs: dict[str, TensorInfo] = {}
         self.initializer_names: dict | None = None  # the main graph's, as an ordered set
         self.get = scope.get
+        self.defined = scope.defined()  # whether a name is defined (asked for every node's outputs)
 
 
 def node_label(node: onnx.NodeProto, index: int) -> str:
