@@ -86,19 +86,20 @@ class InferenceResult:
     typed_by: dict[str, str] = field(default_factory=dict)
     other_types: dict[str, onnx.TypeProto] = field(default_factory=dict)
     subgraphs: dict[tuple, Graph] = field(default_factory=dict, repr=False)
-    _records: list = field(default_factory=list, repr=False)
+    #: one per node of the main graph, in order: (source, version), or the dispatch entry of a
+    #: memo hit, which says how (``nodes`` reads them)
+    records: list = field(default_factory=list, repr=False)
     _nodes: list | None = field(default=None, repr=False)
     main: Graph | None = field(default=None, repr=False)
     types: Keys | None = field(default=None, repr=False)
 
     @property
     def nodes(self) -> list[NodeRecord]:
-        if self._nodes is None or len(self._nodes) != len(self._records):
+        if self._nodes is None or len(self._nodes) != len(self.records):
             nodes = self.main.nodes
-            # a record is (source, version), or the dispatch entry of a memo hit, which says how
             self._nodes = [NodeRecord(i, node_label(node, i), normalize_domain(node.domain), node.op_type, *(
                            r if type(r) is tuple else (r.source, r.version)))
-                           for i, (node, r) in enumerate(zip(nodes, self._records))]
+                           for i, (node, r) in enumerate(zip(nodes, self.records))]
         return self._nodes
 
     @property

@@ -209,15 +209,11 @@ class Pass:
         self.ctx = scope
         self.keys = keys = Keys()
         self.fallback = Fallback(model, keys, self.owner)  # it reports through the bookkeeping: no cycle
-        self.result = InferenceResult(scope, types=keys)
         self._dispatch_tables: dict[tuple, dict] = {}
         self.functions = Functions(model)
-        top = Graph(model.graph, scope, self.dispatch_table(opsets), top=True)
-        top.typed_by = self.result.typed_by
-        scope.other = self.result.other_types
-        self.main = top
-        self.result.main = top
-        self.result._records = top.records
+        self.main = top = Graph(model.graph, scope, self.dispatch_table(opsets), top=True)
+        self.result = InferenceResult(scope, typed_by=top.typed_by, other_types=scope.other, records=top.records,
+                                      main=top, types=keys)
 
     # -- driver
     def run(self, input_shapes: Mapping[str, Iterable[Any]] | None,
