@@ -22,6 +22,7 @@ import onnx
 
 from onnx_quant import exported_models, inference
 from onnx_quant.inference import engine
+from onnx_quant.inference.scope import UNKNOWN
 
 
 def _instrument(acc: collections.Counter, cnt: collections.Counter) -> None:
@@ -39,12 +40,12 @@ def _instrument(acc: collections.Counter, cnt: collections.Counter) -> None:
                 cnt[label] += 1
         setattr(owner, name, timed)
 
-    wrap(engine._Pass, "__init__", "construct")
+    wrap(engine.Pass, "__init__", "construct")
     wrap(engine, "check_depth", "check_depth")
-    wrap(engine._Pass, "_seed", "seed")
-    wrap(engine._Pass, "_typed_constant", "walk: Constant")
+    wrap(engine, "seed_main", "seed")
+    wrap(engine.Pass, "_typed_constant", "walk: Constant")
     wrap(engine, "write_back", "write-back")
-    slow, run_rule = engine._Pass._slow_node, engine._Pass._run_rule
+    slow, run_rule = engine.Pass._slow_node, engine.Pass._run_rule
 
     def slow_node(self, g, index, node, entry, *a, **k):
         t = pc()
@@ -63,9 +64,9 @@ def _instrument(acc: collections.Counter, cnt: collections.Counter) -> None:
         finally:
             acc["rules (all)"] += pc() - t
             cnt["rules (all)"] += 1
-    engine._Pass._slow_node = slow_node
-    engine._Pass._run_rule = rule
-    wrap(engine._Pass, "walk", "walk")
+    engine.Pass._slow_node = slow_node
+    engine.Pass._run_rule = rule
+    wrap(engine.Pass, "walk", "walk")
 
 
 def split_rules(models: dict, repeat: int) -> None:
@@ -81,7 +82,7 @@ def split_rules(models: dict, repeat: int) -> None:
     print("| model | nodes | infer_shapes µs | pass µs | engine µs (rules replaced) | rules µs | write-back µs | "
           "onnx µs | rules µs/rule call | engine µs/node |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    run_rule = engine._Pass._run_rule
+    run_rule = engine.Pass._run_rule
     for name, m in models.items():
         final = dict(inference.infer(m).values())
         calls = [0]
@@ -89,23 +90,22 @@ def split_rules(models: dict, repeat: int) -> None:
         def count(self, rule, n, _calls=calls):
             _calls[0] += 1
             return run_rule(self, rule, n)
-        engine._Pass._run_rule = count
+        engine.Pass._run_rule = count
         inference.infer(m)
-        engine._Pass._run_rule = run_rule
+        engine.Pass._run_rule = run_rule
         whole = t(lambda: inference.infer_shapes(m))
-        pass_only = t(lambda: engine._Pass(m, strict=False).run(None))
+        pass_only = t(lambda: engine.Pass(m, strict=False).run(None))
 
         def lookup(self, rule, n, _final=final):
-            values = n.ctx._values
             for o in n.outputs:
                 if o:
-                    values[o] = _final.get(o, engine._UNKNOWN)
+                    n.ctx.define(o, _final.get(o, UNKNOWN))
             return True
-        engine._Pass._run_rule = lookup
+        engine.Pass._run_rule = lookup
         try:
-            no_rules = t(lambda: engine._Pass(m, strict=False).run(None))
+            no_rules = t(lambda: engine.Pass(m, strict=False).run(None))
         finally:
-            engine._Pass._run_rule = run_rule
+            engine.Pass._run_rule = run_rule
         theirs = t(lambda: onnx.shape_inference.infer_shapes(m))
         nodes = len(m.graph.node)
         rules = pass_only - no_rules

@@ -8,8 +8,10 @@ from typing import Iterator
 import numpy as np
 import onnx
 
-from onnx_quant.inference import dims
-from onnx_quant.inference.dims import DimLike
+from onnx_quant.dtypes import type_name
+
+from . import dims
+from .dims import DimLike
 
 
 @dataclass(frozen=True)
@@ -127,3 +129,40 @@ class ShapesContext:
 
     def names(self) -> list[str]:
         return list(self._values)
+
+
+def merge_info(declared: TensorInfo, inferred: TensorInfo, *,
+               prefer_declared_symbols: bool = False) -> tuple[TensorInfo, str | None]:
+    """Combine a declared and an inferred type; the second item names a contradiction.
+
+    Known ints win over symbols and unknowns; between two symbols the declared one is kept
+    when ``prefer_declared_symbols`` (a graph output's names are the model's contract).
+    """
+    d_et, i_et = declared.elem_type, inferred.elem_type
+    if d_et and i_et and d_et != i_et:
+        return inferred, "element type"
+    elem_type = i_et or d_et
+    if declared.shape is None or inferred.shape is None:
+        shape = inferred.shape if inferred.shape is not None else declared.shape
+        return TensorInfo(elem_type, shape, inferred.value), None
+    if len(declared.shape) != len(inferred.shape):
+        return inferred, "rank"
+    shape: list[DimLike] = []
+    for i, (d, f) in enumerate(zip(declared.shape, inferred.shape)):
+        if isinstance(d, int) and isinstance(f, int):
+            if d != f:
+                return inferred, f"dim {i}"
+            shape.append(d)
+        elif isinstance(d, int) or isinstance(f, int):
+            shape.append(d if isinstance(d, int) else f)
+        elif d is not None and (f is None or prefer_declared_symbols):
+            shape.append(d)
+        else:
+            shape.append(f)
+    return TensorInfo(elem_type, tuple(shape), inferred.value), None
+
+
+def info_text(info: TensorInfo) -> str:
+    """``float[N, 3]``: element type and shape, as diagnostics write a type."""
+    et = type_name(info.elem_type) if info.elem_type else "?"
+    return f"{et}{info.shape_text()}"

@@ -9,7 +9,7 @@ from typing import Iterator
 
 import onnx
 
-from onnx_quant.inference.diagnostics import MODEL_NODE, Diagnostic
+from .diagnostics import MODEL_NODE, Diagnostic
 
 
 @functools.lru_cache(maxsize=1)

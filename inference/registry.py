@@ -16,8 +16,10 @@ from typing import Any, Callable
 import onnx
 from onnx import defs, helper
 
-from onnx_quant.inference.context import ShapesContext, TensorInfo
 from onnx_quant.errors import InferenceError
+
+from . import dims
+from .context import ShapesContext, TensorInfo
 
 
 def normalize_domain(domain: str) -> str:
@@ -83,8 +85,6 @@ class NodeContext:
     def fresh_dim(self, i: int, axis: int):
         """A new symbol for a data-dependent dim (NonZero's count, TopK with an unknown K):
         ``<output i>_dim<axis>``. The node's result then names the node, so it is not memoized."""
-        from onnx_quant.inference import dims
-
         self.fresh = True
         return dims.named_symbol(self.output_name(i) or self.node.name or self.node.op_type, f"dim{axis}")
 

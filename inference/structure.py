@@ -15,7 +15,8 @@ from typing import Iterable
 import onnx
 
 from onnx_quant.errors import InferenceError
-from onnx_quant.inference.diagnostics import MODEL_NODE
+
+from .diagnostics import MODEL_NODE
 
 STRUCTURAL_RULES = frozenset({"graph-order", "single-assignment", "graph-output", "function-recursion",
                               "graph-depth"})

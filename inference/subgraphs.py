@@ -31,12 +31,15 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from onnx_quant.inference.context import TensorInfo
-from onnx_quant.inference.dims import Dim
-from onnx_quant.inference.registry import NodeContext
+from onnx_quant.dtypes import type_name
+
+from .context import TensorInfo, info_text, merge_info
+from .dims import Dim, named_symbol
+from .protocol import InferencePass
+from .registry import NodeContext
+from .scope import UNKNOWN, Graph, node_label
 
 INT64, BOOL = TensorProto.INT64, TensorProto.BOOL
-_UNKNOWN = TensorInfo()
 #: how many times a Loop/Scan body is re-inferred while the state types widen
 MAX_ATTEMPTS = 4
 
@@ -51,8 +54,6 @@ def union(a: TensorInfo, b: TensorInfo, base: str) -> TensorInfo:
     """The type of a value that is either ``a`` or ``b``: equal dims stay, different dims
     become the fresh symbol ``<base>_dim<i>``, and so does a dim unknown in either (it is some
     size, as onnx's ``unk__`` symbols say; silero-vad's If on its sample rate needs it)."""
-    from onnx_quant.inference.engine import symbol_for
-
     elem_type = a.elem_type or b.elem_type
     if a.shape is None or b.shape is None or len(a.shape) != len(b.shape):
         return TensorInfo(elem_type, None)
@@ -61,7 +62,7 @@ def union(a: TensorInfo, b: TensorInfo, base: str) -> TensorInfo:
         if x == y and x is not None:
             shape.append(x)
         else:
-            shape.append(symbol_for(base, f"dim{i}"))
+            shape.append(named_symbol(base, f"dim{i}"))
     value = a.value if (a.value is not None and a.value is b.value) else None
     return TensorInfo(elem_type, tuple(shape), value)
 
@@ -79,17 +80,15 @@ def _graph_attr(n: NodeContext, name: str) -> onnx.GraphProto | None:
     return None
 
 
-def _missing_body(p, n: NodeContext, name: str) -> bool:
+def _missing_body(p: InferencePass, n: NodeContext, name: str) -> bool:
     p.raise_or_record(n.error("control-flow.attribute", f"{n.node.op_type} needs a graph attribute {name!r}",
                               subject=f"attribute {name}", expected="a graph", found="nothing"))
     return False
 
 
-def _seed(p, n: NodeContext, body: onnx.GraphProto, i: int, outer):
+def _seed(p: InferencePass, n: NodeContext, body: onnx.GraphProto, i: int, outer):
     """Body input ``i``'s type: the outer type merged with the body's declaration (a
     ``TypeProto`` for a sequence/optional/map value, ``None`` to keep the declaration)."""
-    from onnx_quant.inference.engine import _info_text, merge_info
-
     if isinstance(outer, onnx.TypeProto):
         return outer
     if i >= len(body.input):
@@ -102,7 +101,7 @@ def _seed(p, n: NodeContext, body: onnx.GraphProto, i: int, outer):
         p.raise_or_record(n.error(
             "control-flow.body-input",
             f"body input {body.input[i].name!r} is declared with another type than the value it receives ({conflict})",
-            subject=f"body input {i}", expected=_info_text(outer), found=_info_text(declared)))
+            subject=f"body input {i}", expected=info_text(outer), found=info_text(declared)))
         return outer
     return merged
 
@@ -121,7 +120,7 @@ def _state(n: NodeContext, i: int):
     """Input ``i`` as a state's initial type: a TensorInfo, or the TypeProto of a sequence ..."""
     name = n.input_name(i)
     other = n.ctx.other_type(name) if name else None
-    return other if other is not None else (n.input(i) or _UNKNOWN)
+    return other if other is not None else (n.input(i) or UNKNOWN)
 
 
 def _set_state(n: NodeContext, i: int, state, outs, j: int) -> None:
@@ -129,18 +128,16 @@ def _set_state(n: NodeContext, i: int, state, outs, j: int) -> None:
     body gives it (else its initial type)."""
     other = outs[j][1] if j < len(outs) else None
     if other is not None or isinstance(state, onnx.TypeProto):
-        _set(n, i, _UNKNOWN, other if other is not None else state)
+        _set(n, i, UNKNOWN, other if other is not None else state)
     else:
         _set(n, i, state)
 
 
 def _label(n: NodeContext) -> str:
-    from onnx_quant.inference.engine import _label as label
-
-    return label(n.node, n.index)
+    return node_label(n.node, n.index)
 
 
-def _count(p, n: NodeContext, what: str, expected: int, found: int) -> None:
+def _count(p: InferencePass, n: NodeContext, what: str, expected: int, found: int) -> None:
     p.raise_or_record(n.error("control-flow." + what.replace(" ", "-"),
                               f"the body's {what} do not match the node's", subject=what,
                               expected=expected, found=found))
@@ -160,12 +157,10 @@ def _scalar(info: TensorInfo | None):
 
 
 # ------------------------------------------------------------------ If
-def infer_if(p, g, n: NodeContext) -> bool:
+def infer_if(p: InferencePass, g: Graph, n: NodeContext) -> bool:
     node = n.node
     cond = n.input(0)
     if cond is not None and cond.elem_type and cond.elem_type != BOOL:
-        from onnx_quant.dtypes import type_name
-
         p.raise_or_record(n.error("control-flow.condition", "If's condition must be a bool tensor",
                                   subject="input cond", expected="bool", found=type_name(cond.elem_type)))
     taken = _scalar(cond)
@@ -190,16 +185,14 @@ def infer_if(p, g, n: NodeContext) -> bool:
     for i, name in enumerate(node.output):
         if not name:
             continue
-        t = then_outs[i] if i < len(then_outs) else (_UNKNOWN, None)
-        e = else_outs[i] if i < len(else_outs) else (_UNKNOWN, None)
+        t = then_outs[i] if i < len(then_outs) else (UNKNOWN, None)
+        e = else_outs[i] if i < len(else_outs) else (UNKNOWN, None)
         if t[1] is not None or e[1] is not None:
-            _set(n, i, _UNKNOWN, t[1] if t[1] is not None else e[1])
+            _set(n, i, UNKNOWN, t[1] if t[1] is not None else e[1])
             continue
         ti, ei = t[0], e[0]
         if taken is None and ti.elem_type and ei.elem_type and ti.elem_type != ei.elem_type:
-            from onnx_quant.dtypes import type_name
-
-            p.raise_or_record(n.error("control-flow.branch-types", f"output {name!r}: the branches give different element types",
+                p.raise_or_record(n.error("control-flow.branch-types", f"output {name!r}: the branches give different element types",
                                       subject=f"output {i}", expected=type_name(ti.elem_type), found=type_name(ei.elem_type)))
         if taken is not None:
             _set(n, i, ti if taken else ei)
@@ -209,8 +202,8 @@ def infer_if(p, g, n: NodeContext) -> bool:
 
 
 # ------------------------------------------------------------------ Loop and Scan states
-def _iterate(p, g, n: NodeContext, body: onnx.GraphProto, fixed: list[TensorInfo], initial: list[TensorInfo],
-             state_offset: int, extra: list[TensorInfo], names: list[str]):
+def _iterate(p: InferencePass, g: Graph, n: NodeContext, body: onnx.GraphProto, fixed: list[TensorInfo],
+             initial: list[TensorInfo], state_offset: int, extra: list[TensorInfo], names: list[str]):
     """Infer ``body`` with inputs ``fixed + states + extra`` until the state types are stable.
 
     Returns (body graph, final state types, body outputs)."""
@@ -223,7 +216,7 @@ def _iterate(p, g, n: NodeContext, body: onnx.GraphProto, fixed: list[TensorInfo
         new = []
         for i, info in enumerate(state):
             j = state_offset + i
-            out, other = outs[j] if j < len(outs) else (_UNKNOWN, None)
+            out, other = outs[j] if j < len(outs) else (UNKNOWN, None)
             if isinstance(info, onnx.TypeProto) or other is not None:  # a sequence ...: the body sees the initial type
                 new.append(info)
             else:
@@ -235,7 +228,7 @@ def _iterate(p, g, n: NodeContext, body: onnx.GraphProto, fixed: list[TensorInfo
     raise AssertionError("unreachable")
 
 
-def infer_loop(p, g, n: NodeContext) -> bool:
+def infer_loop(p: InferencePass, g: Graph, n: NodeContext) -> bool:
     node = n.node
     body = _graph_attr(n, "body")
     if body is None:
@@ -257,9 +250,9 @@ def infer_loop(p, g, n: NodeContext) -> bool:
     trips = _trip_count(n, outs)
     for k in range(n_scan):
         j = 1 + n_state + k
-        info, other = outs[j] if j < len(outs) else (_UNKNOWN, None)
+        info, other = outs[j] if j < len(outs) else (UNKNOWN, None)
         if other is not None:
-            _set(n, n_state + k, _UNKNOWN, None)
+            _set(n, n_state + k, UNKNOWN, None)
             continue
         shape = None if info.shape is None else (trips,) + tuple(info.shape)
         _set(n, n_state + k, TensorInfo(info.elem_type, shape))
@@ -268,8 +261,6 @@ def infer_loop(p, g, n: NodeContext) -> bool:
 
 def _trip_count(n: NodeContext, outs) -> object:
     """The number of iterations when the loop cannot stop early, else a fresh symbol."""
-    from onnx_quant.inference.engine import symbol_for
-
     node = n.node
     m = _scalar(n.input(0)) if n.has_input(0) else None
     if isinstance(m, bool):
@@ -281,10 +272,10 @@ def _trip_count(n: NodeContext, outs) -> object:
         cond_out = _scalar(outs[0][0]) if outs else None
         if cond_in is True and cond_out is True:
             return m
-    return symbol_for(node.name or next((o for o in node.output if o), "loop"), "iterations")
+    return named_symbol(node.name or next((o for o in node.output if o), "loop"), "iterations")
 
 
-def _axis(p, n: NodeContext, axis: int, rank: int, what: str) -> int | None:
+def _axis(p: InferencePass, n: NodeContext, axis: int, rank: int, what: str) -> int | None:
     if -rank <= axis < rank:
         return axis + rank if axis < 0 else axis
     p.raise_or_record(n.error("control-flow.axis", f"{what} is out of range", subject=what,
@@ -292,7 +283,7 @@ def _axis(p, n: NodeContext, axis: int, rank: int, what: str) -> int | None:
     return None
 
 
-def infer_scan(p, g, n: NodeContext) -> bool:
+def infer_scan(p: InferencePass, g: Graph, n: NodeContext) -> bool:
     node = n.node
     body = _graph_attr(n, "body")
     if body is None:
@@ -312,7 +303,7 @@ def infer_scan(p, g, n: NodeContext) -> bool:
         _count(p, n, "outputs", len(node.output), len(body.output))
     slices, seq_len = [], None
     for j in range(m):
-        x = n.input(n_state + j) or _UNKNOWN
+        x = n.input(n_state + j) or UNKNOWN
         axis = in_axes[j] if j < len(in_axes) else 0
         if x.shape is None:
             slices.append(TensorInfo(x.elem_type, None))
@@ -330,9 +321,9 @@ def infer_scan(p, g, n: NodeContext) -> bool:
         _set_state(n, i, states[i], outs, i)
     for k in range(max(n_scan_out, 0)):
         j = n_state + k
-        info, other = outs[j] if j < len(outs) else (_UNKNOWN, None)
+        info, other = outs[j] if j < len(outs) else (UNKNOWN, None)
         if other is not None or info.shape is None:
-            _set(n, j, TensorInfo(info.elem_type, None) if other is None else _UNKNOWN)
+            _set(n, j, TensorInfo(info.elem_type, None) if other is None else UNKNOWN)
             continue
         axis = out_axes[k] if k < len(out_axes) else 0
         a = _axis(p, n, axis, len(info.shape) + 1, f"scan_output_axes[{k}]")

@@ -60,6 +60,8 @@ class FormalParam:
     allowed: frozenset[int]
     optional: bool
     variadic: bool
+    #: the fewest values a variadic slot takes (1 for a single or optional one)
+    min_arity: int = 1
 
     @property
     def type_param(self) -> str | None:
@@ -145,6 +147,7 @@ def _params(formals, constraints) -> tuple[FormalParam, ...]:
             allowed=_allowed(p.type_str, constraints),
             optional=opt == defs.OpSchema.FormalParameterOption.Optional,
             variadic=opt == defs.OpSchema.FormalParameterOption.Variadic,
+            min_arity=int(p.min_arity),
         ))
     return tuple(out)
 
@@ -161,6 +164,15 @@ def since_versions(op_type: str, domain: str = "") -> tuple[int, ...]:
 @lru_cache(maxsize=1)
 def _all_schemas():
     return tuple(defs.get_all_schemas_with_history())
+
+
+@lru_cache(maxsize=None)
+def schema(op_type: str, opset: int, domain: str = "") -> defs.OpSchema | None:
+    """The ``onnx.defs`` schema a model importing ``opset`` selects (None: ONNX has none)."""
+    try:
+        return defs.get_schema(op_type, opset, _normalize_domain(domain))
+    except Exception:  # onnx raises SchemaError for unknown ops / versions
+        return None
 
 
 @lru_cache(maxsize=None)
