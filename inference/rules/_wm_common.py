@@ -323,3 +323,32 @@ def need(n, rule: str, *names: str, at: Sequence[int] | None = None) -> list[Ten
                    expected=f"a tensor at input #{i}", found="no input")
         out.append(info)
     return out
+
+
+def set_info(n, i: int, elem_type: int, shape, value=None) -> None:
+    """Output ``i`` of ``n`` typed ``elem_type`` with ``shape`` (None: unknown) and ``value``."""
+    n.set_output(i, TensorInfo(elem_type, None if shape is None else tuple(shape), value))
+
+
+def rank_only(shape_info: TensorInfo | None) -> int | None:
+    """Length of a 1-D tensor whose shape is known (e.g. an unknown Reshape target)."""
+    if shape_info is None or shape_info.shape is None or len(shape_info.shape) != 1:
+        return None
+    d = shape_info.shape[0]
+    return d if isinstance(d, int) else None
+
+
+def clamp(v: int, lo: int, hi: int) -> int:
+    return lo if v < lo else hi if v > hi else v
+
+
+def scalar(info: TensorInfo):
+    """The single entry of a 1-element value: int/float, Dim, or None."""
+    v = info.value
+    if v is None or v.size != 1:
+        return None
+    x = v.reshape(-1)[0]
+    if v.dtype.kind == "O":
+        return x
+    return int(x) if v.dtype.kind in "iu" else float(x)
+

@@ -1,5 +1,6 @@
-"""Tensor manipulation operators: reshaping, indexing, padding, resizing, shape arithmetic,
-constants, reductions.
+"""Tensor manipulation operators: reshaping, transposing, squeezing, concatenating and
+splitting, slicing, gathering, expanding, tiling, padding, resizing (shape-producing ops and
+constants: ``constants.py``; reductions, Einsum, TopK: ``reductions.py``).
 
 Rules that need data (Reshape's target, Slice's bounds, Expand's shape ...) read it from the
 input's ``TensorInfo.value``; Shape, Size, Constant, ConstantOfShape, Range, Gather, Slice,
@@ -13,29 +14,21 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto
 
 from onnx_quant.inference import dims
 from onnx_quant.inference.context import TensorInfo
 from onnx_quant.inference.dims import DimLike
 from onnx_quant.inference.registry import register
 from onnx_quant.inference.rules._wm_common import (
-    BIG, INT64, MAX_VALUE_ELEMS, as_object, broadcast_shapes, check_same_type, dim_min, entries, exact_div, make_value, max0,
-    merge_dim, need, nonneg, norm_axes, norm_axis, numeric, product, shape_text, tidy, type_text,
+    BIG, MAX_VALUE_ELEMS, as_object, broadcast_shapes, check_same_type, dim_min, entries, exact_div,
+    make_value, max0, merge_dim, need, nonneg, norm_axes, norm_axis, numeric, product, shape_text, tidy, type_text,
+    set_info, rank_only, clamp,
 )
-
-#: Constant nodes whose tensor has at most this many elements get their value decoded
-CONST_DECODE_ELEMS = 4096
 
 _LATEST = (21, 23, 24, 25)  # since_versions that only widened the type lists
 
 
-def _rank_only(shape_info: TensorInfo | None) -> int | None:
-    """Length of a 1-D tensor whose shape is known (e.g. an unknown Reshape target)."""
-    if shape_info is None or shape_info.shape is None or len(shape_info.shape) != 1:
-        return None
-    d = shape_info.shape[0]
-    return d if isinstance(d, int) else None
 
 
 def _small(info: TensorInfo) -> bool:
@@ -50,8 +43,6 @@ def _reshaped_value(src: TensorInfo, out_shape, elem_type: int):
     return src.value.reshape(tuple(out_shape))
 
 
-def _set(n, i: int, elem_type: int, shape, value=None) -> None:
-    n.set_output(i, TensorInfo(elem_type, None if shape is None else tuple(shape), value))
 
 
 # ---------------------------------------------------------------- Reshape / Flatten
@@ -64,8 +55,8 @@ def reshape(ctx, n) -> None:
                found=f"rank {len(target_info.shape)}")
     target = entries(target_info)
     if target is None:
-        k = _rank_only(target_info)
-        _set(n, 0, t, None if k is None else (None,) * k)
+        k = rank_only(target_info)
+        set_info(n, 0, t, None if k is None else (None,) * k)
         return
     allowzero = n.version >= 14 and bool(n.attr("allowzero", 0))
     in_shape = data.shape
@@ -114,7 +105,7 @@ def reshape(ctx, n) -> None:
             n.fail("Reshape", "element count changes", subject="input shape",
                    expected=f"{total} elements ({shape_text(in_shape)})",
                    found=f"{product(out)} ({shape_text(out)})")
-    _set(n, 0, t, out, _reshaped_value(data, out, t))
+    set_info(n, 0, t, out, _reshaped_value(data, out, t))
 
 
 @register("Flatten", 1, 9, 11, 13, *_LATEST)
@@ -122,7 +113,7 @@ def flatten(ctx, n) -> None:
     x, = need(n, "Flatten", "input")
     axis = int(n.attr("axis", 1))
     if x.shape is None:
-        _set(n, 0, x.elem_type, (None, None))
+        set_info(n, 0, x.elem_type, (None, None))
         return
     r = len(x.shape)
     lo = -r if n.version >= 11 else 0
@@ -132,7 +123,7 @@ def flatten(ctx, n) -> None:
     if axis < 0:
         axis += r
     out = (product(x.shape[:axis]), product(x.shape[axis:]))
-    _set(n, 0, x.elem_type, out, _reshaped_value(x, out, x.elem_type))
+    set_info(n, 0, x.elem_type, out, _reshaped_value(x, out, x.elem_type))
 
 
 # ---------------------------------------------------------------- Transpose
@@ -141,7 +132,7 @@ def transpose(ctx, n) -> None:
     x, = need(n, "Transpose", "data")
     perm = n.attr("perm")
     if x.shape is None:
-        _set(n, 0, x.elem_type, None if perm is None else (None,) * len(perm))
+        set_info(n, 0, x.elem_type, None if perm is None else (None,) * len(perm))
         return
     r = len(x.shape)
     perm = list(range(r - 1, -1, -1)) if perm is None else [int(p) for p in perm]
@@ -149,7 +140,7 @@ def transpose(ctx, n) -> None:
         n.fail("Transpose", "perm must be a permutation of the input axes", subject="attribute perm",
                expected=f"a permutation of 0..{r - 1}", found=perm)
     value = np.transpose(x.value, perm) if _small(x) else None
-    _set(n, 0, x.elem_type, [x.shape[p] for p in perm], value)
+    set_info(n, 0, x.elem_type, [x.shape[p] for p in perm], value)
 
 
 # ---------------------------------------------------------------- Squeeze / Unsqueeze
@@ -174,16 +165,16 @@ def squeeze(ctx, n) -> None:
     x, = need(n, "Squeeze", "data")
     axes, known = _axes_arg(n, 13)
     if x.shape is None:
-        _set(n, 0, x.elem_type, None)
+        set_info(n, 0, x.elem_type, None)
         return
     r = len(x.shape)
     if not known:
-        k = _rank_only(n.input(1))
-        _set(n, 0, x.elem_type, None if k is None else (None,) * (r - k))
+        k = rank_only(n.input(1))
+        set_info(n, 0, x.elem_type, None if k is None else (None,) * (r - k))
         return
     if axes is None:
         if not all(isinstance(d, int) for d in x.shape):
-            _set(n, 0, x.elem_type, None)  # a symbolic dim may or may not be 1
+            set_info(n, 0, x.elem_type, None)  # a symbolic dim may or may not be 1
             return
         keep = [d for d in x.shape if d != 1]
     else:
@@ -194,7 +185,7 @@ def squeeze(ctx, n) -> None:
                 n.fail("Squeeze", f"axis {a} has size {d}", subject="axes", expected="size 1 on each squeezed axis",
                        found=f"{d} (input {shape_text(x.shape)})")
         keep = [d for i, d in enumerate(x.shape) if i not in axes]
-    _set(n, 0, x.elem_type, keep, _reshaped_value(x, keep, x.elem_type))
+    set_info(n, 0, x.elem_type, keep, _reshaped_value(x, keep, x.elem_type))
 
 
 @register("Unsqueeze", 1, 11, 13, *_LATEST)
@@ -208,17 +199,17 @@ def unsqueeze(ctx, n) -> None:
         n.fail("Unsqueeze", "input axes is required", subject="input axes", expected="an axes tensor",
                found="none")
     if x.shape is None:
-        _set(n, 0, x.elem_type, None)
+        set_info(n, 0, x.elem_type, None)
         return
     if not known:
-        k = _rank_only(n.input(1))
-        _set(n, 0, x.elem_type, None if k is None else (None,) * (len(x.shape) + k))
+        k = rank_only(n.input(1))
+        set_info(n, 0, x.elem_type, None if k is None else (None,) * (len(x.shape) + k))
         return
     out_rank = len(x.shape) + len(axes)
     axes = set(norm_axes(n, "Unsqueeze", axes, out_rank, "axes"))
     it = iter(x.shape)
     out = [1 if i in axes else next(it) for i in range(out_rank)]
-    _set(n, 0, x.elem_type, out, _reshaped_value(x, out, x.elem_type))
+    set_info(n, 0, x.elem_type, out, _reshaped_value(x, out, x.elem_type))
 
 
 # ---------------------------------------------------------------- Concat / Split
@@ -300,7 +291,7 @@ def concat(ctx, n) -> None:
                 value = tidy(np.concatenate(vals, axis=norm_axis(n, "Concat", int(axis), len(out))), t) if vals else None
             except ValueError:
                 value = None
-    _set(n, 0, t, out, value)
+    set_info(n, 0, t, out, value)
 
 
 @register("Split", 2, 11, 13, 18)
@@ -326,7 +317,7 @@ def split(ctx, n) -> None:
                    expected=k, found=num_outputs)
     if x.shape is None:
         for i in range(k):
-            _set(n, i, x.elem_type, None)
+            set_info(n, i, x.elem_type, None)
         return
     r = len(x.shape)
     axis = norm_axis(n, "Split", axis, r)
@@ -363,12 +354,10 @@ def split(ctx, n) -> None:
     for i, s in enumerate(sizes):
         shape = list(x.shape)
         shape[axis] = s
-        _set(n, i, x.elem_type, shape, values[i])
+        set_info(n, i, x.elem_type, shape, values[i])
 
 
 # ---------------------------------------------------------------- Slice
-def _clamp(v: int, lo: int, hi: int) -> int:
-    return lo if v < lo else hi if v > hi else v
 
 
 def slice_bounds(d: int, start: int, end: int, step: int) -> tuple[int, int]:
@@ -378,8 +367,8 @@ def slice_bounds(d: int, start: int, end: int, step: int) -> tuple[int, int]:
     if end < 0:
         end += d
     if step > 0:
-        return _clamp(start, 0, d), _clamp(end, 0, d)
-    return _clamp(start, 0, d - 1), _clamp(end, -1, d - 1)
+        return clamp(start, 0, d), clamp(end, 0, d)
+    return clamp(start, 0, d - 1), clamp(end, -1, d - 1)
 
 
 def slice_dim(d: DimLike, start: DimLike, end: DimLike, step: int) -> DimLike:
@@ -438,7 +427,7 @@ def slice_rule(ctx, n) -> None:
         if n.has_input(4) and steps is None:
             starts = None  # unknown steps: only the rank is known
     if data.shape is None:
-        _set(n, 0, t, None)
+        set_info(n, 0, t, None)
         return
     r = len(data.shape)
     if starts is None or ends is None or not axes_known:
@@ -448,7 +437,7 @@ def slice_rule(ctx, n) -> None:
                 out[a] = None
         else:
             out = [None] * r
-        _set(n, 0, t, out)
+        set_info(n, 0, t, out)
         return
     if len(starts) != len(ends):
         n.fail("Slice", "starts and ends must have the same length", subject="ends",
@@ -480,7 +469,7 @@ def slice_rule(ctx, n) -> None:
             lo, hi = slice_bounds(v.shape[a], s, e, st)
             v = np.take(v, np.arange(lo, hi, st, dtype=np.int64), axis=a)
         value = tidy(v, t)
-    _set(n, 0, t, out, value)
+    set_info(n, 0, t, out, value)
 
 
 # ---------------------------------------------------------------- Gather / GatherElements
@@ -496,14 +485,14 @@ def gather(ctx, n) -> None:
     _check_indices(n, "Gather", idx)
     t = data.elem_type
     if data.shape is None:
-        _set(n, 0, t, None)
+        set_info(n, 0, t, None)
         return
     r = len(data.shape)
     if r < 1:
         n.fail("Gather", "data must have rank >= 1", subject="input data", expected="rank >= 1", found="rank 0")
     axis = norm_axis(n, "Gather", int(n.attr("axis", 0)), r)
     if idx.shape is None:
-        _set(n, 0, t, None)
+        set_info(n, 0, t, None)
         return
     out = data.shape[:axis] + idx.shape + data.shape[axis + 1:]
     value = None
@@ -520,7 +509,7 @@ def gather(ctx, n) -> None:
         else:
             taken = np.take(data.value, np.where(iv < 0, iv + size, iv), axis=axis)
             value = tidy(taken if isinstance(taken, np.ndarray) else np.array(taken, dtype=data.value.dtype), t)
-    _set(n, 0, t, out, value)
+    set_info(n, 0, t, out, value)
 
 
 @register("GatherElements", 11, 13)
@@ -532,7 +521,7 @@ def gather_elements(ctx, n) -> None:
                expected=f"rank {len(data.shape)}", found=f"rank {len(idx.shape)}")
     if data.shape is not None:
         norm_axis(n, "GatherElements", int(n.attr("axis", 0)), len(data.shape))
-    _set(n, 0, data.elem_type, idx.shape)
+    set_info(n, 0, data.elem_type, idx.shape)
 
 
 # ---------------------------------------------------------------- Expand / Tile / Pad
@@ -541,16 +530,16 @@ def expand(ctx, n) -> None:
     x, shape_info = need(n, "Expand", "input", "shape")
     target = entries(shape_info)
     if target is None:
-        k = _rank_only(shape_info)
+        k = rank_only(shape_info)
         if k is None or x.shape is None:
-            _set(n, 0, x.elem_type, None)
+            set_info(n, 0, x.elem_type, None)
             return
         target = [None] * k
     if any(isinstance(d, int) and d < 0 for d in target):
         n.fail("Expand", "shape entries must not be negative", subject="input shape", expected=">= 0 each",
                found=list(target))
     if x.shape is None:
-        _set(n, 0, x.elem_type, None)
+        set_info(n, 0, x.elem_type, None)
         return
     try:
         out = broadcast_shapes([x.shape, target])
@@ -561,7 +550,7 @@ def expand(ctx, n) -> None:
     # every dim bounded, not only the product: a 0 beside a huge dim is an empty value numpy cannot make
     if _small(x) and all(isinstance(d, int) and d <= MAX_VALUE_ELEMS for d in out) and product(out) <= MAX_VALUE_ELEMS:
         value = tidy(np.broadcast_to(x.value, out).copy(), x.elem_type)
-    _set(n, 0, x.elem_type, out, value)
+    set_info(n, 0, x.elem_type, out, value)
 
 
 @register("Tile", 6, 13)
@@ -569,11 +558,11 @@ def tile(ctx, n) -> None:
     x, reps_info = need(n, "Tile", "input", "repeats")
     reps = entries(reps_info)
     if x.shape is None:
-        _set(n, 0, x.elem_type, None)
+        set_info(n, 0, x.elem_type, None)
         return
     r = len(x.shape)
     if reps is None:
-        _set(n, 0, x.elem_type, (None,) * r)
+        set_info(n, 0, x.elem_type, (None,) * r)
         return
     if len(reps) != r:
         n.fail("Tile", "one repeat per input axis", subject="input repeats", expected=f"{r} entries", found=reps)
@@ -583,7 +572,7 @@ def tile(ctx, n) -> None:
     value = None
     if _small(x) and all(isinstance(k, int) for k in reps) and product(out) <= MAX_VALUE_ELEMS:
         value = tidy(np.tile(x.value, reps), x.elem_type)
-    _set(n, 0, x.elem_type, out, value)
+    set_info(n, 0, x.elem_type, out, value)
 
 
 @register("Pad", 2, 11, 13, 18, 19, *_LATEST)
@@ -591,7 +580,7 @@ def pad(ctx, n) -> None:
     x, = need(n, "Pad", "data")
     t = x.elem_type
     if x.shape is None:
-        _set(n, 0, t, None)
+        set_info(n, 0, t, None)
         return
     r = len(x.shape)
     if n.version < 11:
@@ -606,10 +595,10 @@ def pad(ctx, n) -> None:
     if n.version >= 18 and n.has_input(3):
         axes = entries(n.input(3))
         if axes is None or not all(isinstance(a, int) for a in axes):
-            _set(n, 0, t, (None,) * r)
+            set_info(n, 0, t, (None,) * r)
             return
     if pads is None:
-        _set(n, 0, t, (None,) * r)
+        set_info(n, 0, t, (None,) * r)
         return
     axes = list(range(r)) if axes is None else norm_axes(n, "Pad", axes, r, "input axes")
     if len(pads) != 2 * len(axes):
@@ -623,7 +612,7 @@ def pad(ctx, n) -> None:
             n.fail("Pad", f"axis {a} would have a negative size", subject="pads", expected="sizes >= 0",
                    found=f"{x.shape[a]} + {pads[i]} + {pads[i + k]}")
         out[a] = d
-    _set(n, 0, t, out)
+    set_info(n, 0, t, out)
 
 
 # ---------------------------------------------------------------- Resize
@@ -657,7 +646,7 @@ def resize(ctx, n) -> None:
     x, = need(n, "Resize", "X")
     t = x.elem_type
     if x.shape is None:
-        _set(n, 0, t, None)
+        set_info(n, 0, t, None)
         return
     r = len(x.shape)
     if n.version < 11:
@@ -675,7 +664,7 @@ def resize(ctx, n) -> None:
         if sizes is None:
             for a in axes:
                 out[a] = None
-            _set(n, 0, t, out)
+            set_info(n, 0, t, out)
             return
         if len(sizes) != len(axes):
             n.fail("Resize", "one size per resized axis", subject="input sizes", expected=f"{len(axes)} entries",
@@ -699,7 +688,7 @@ def resize(ctx, n) -> None:
                     for a, d in zip(axes, ins):
                         v = float(np.float32(scale) * np.float32(d))
                         out[a] = int(math.floor(v + 0.5)) if math.isfinite(v) else None
-        _set(n, 0, t, out)
+        set_info(n, 0, t, out)
         return
     if scales_info is None:
         n.fail("Resize", "one of scales and sizes is required", subject="inputs", expected="scales or sizes",
@@ -708,7 +697,7 @@ def resize(ctx, n) -> None:
     if scales is None:
         for a in axes:
             out[a] = None
-        _set(n, 0, t, out)
+        set_info(n, 0, t, out)
         return
     scales = [float(s) for s in scales.reshape(-1)]
     if len(scales) != len(axes):
@@ -719,306 +708,4 @@ def resize(ctx, n) -> None:
             n.fail("Resize", "scales must be positive and finite", subject="input scales", expected="> 0",
                    found=scales)
         out[a] = _resize_dim(x.shape[a], s)
-    _set(n, 0, t, out)
-
-
-# ---------------------------------------------------------------- Shape / Size
-@register("Shape", 1, 13, 15, 19, *_LATEST)
-def shape_rule(ctx, n) -> None:
-    x, = need(n, "Shape", "data")
-    if x.shape is None:
-        _set(n, 0, INT64, (None,))
-        return
-    r = len(x.shape)
-    start, end = 0, r
-    if n.version >= 15:
-        start = int(n.attr("start", 0))
-        end = n.attr("end")
-        end = r if end is None else int(end)
-        start = _clamp(start + r if start < 0 else start, 0, r)
-        end = _clamp(end + r if end < 0 else end, 0, r)
-    picked = list(x.shape[start:end]) if end > start else []
-    _set(n, 0, INT64, (len(picked),), make_value(picked, (len(picked),), INT64))
-
-
-@register("Size", 1, 13, 19, *_LATEST)
-def size_rule(ctx, n) -> None:
-    x, = need(n, "Size", "data")
-    total = x.numel()
-    _set(n, 0, INT64, (), None if total is None else make_value([total], (), INT64))
-
-
-# ---------------------------------------------------------------- constants
-@register("ConstantOfShape", 9, 20, *_LATEST)
-def constant_of_shape(ctx, n) -> None:
-    shape_info, = need(n, "ConstantOfShape", "input")
-    fill = n.attr("value")
-    t = fill.data_type if fill is not None else TensorProto.FLOAT
-    target = entries(shape_info)
-    if target is None:
-        k = _rank_only(shape_info)
-        _set(n, 0, t, None if k is None else (None,) * k)
-        return
-    for d in target:
-        if isinstance(d, int) and d < 0:
-            n.fail("ConstantOfShape", "dims must not be negative", subject="input input", expected=">= 0 each",
-                   found=target)
-    value = None
-    if all(isinstance(d, int) for d in target) and product(target) <= MAX_VALUE_ELEMS:
-        try:
-            scalar = numpy_helper.to_array(fill).reshape(-1)[0] if fill is not None else np.float32(0)
-            value = tidy(np.full(tuple(target), scalar), t)
-        except Exception:  # exotic element types: shape only
-            value = None
-    _set(n, 0, t, target, value)
-
-
-def _decode(tensor) -> np.ndarray | None:
-    count = 1
-    for d in tensor.dims:
-        count *= d
-    if count > CONST_DECODE_ELEMS or tensor.data_location == TensorProto.EXTERNAL:
-        return None
-    try:
-        return numpy_helper.to_array(tensor)
-    except Exception:  # unsupported or malformed payload: shape and type still hold
-        return None
-
-
-@register("Constant", 1, 9, 11, 12, 13, 19, *_LATEST)
-def constant(ctx, n) -> None:
-    names = n.attr_names()
-    if len(names) != 1:
-        n.fail("Constant", "exactly one value attribute is required", subject="attributes",
-               expected="one of value, sparse_value, value_*", found=names or "none")
-    name = names[0]
-    a = n.attr(name)
-    if name == "value":
-        _set(n, 0, a.data_type, tuple(a.dims), _decode(a))
-    elif name == "sparse_value":
-        _set(n, 0, a.values.data_type, tuple(a.dims))
-    elif name == "value_int":
-        _set(n, 0, INT64, (), np.array(a, dtype=np.int64))
-    elif name == "value_ints":
-        _set(n, 0, INT64, (len(a),), np.array(a, dtype=np.int64).reshape(len(a)))
-    elif name == "value_float":
-        _set(n, 0, TensorProto.FLOAT, (), np.array(a, dtype=np.float32))
-    elif name == "value_floats":
-        _set(n, 0, TensorProto.FLOAT, (len(a),), np.array(a, dtype=np.float32).reshape(len(a)))
-    elif name == "value_string":
-        _set(n, 0, TensorProto.STRING, ())
-    elif name == "value_strings":
-        _set(n, 0, TensorProto.STRING, (len(a),))
-    else:
-        n.fail("Constant", "unknown value attribute", subject=f"attribute {name}",
-               expected="value, sparse_value or value_*", found=name)
-
-
-def _scalar(info: TensorInfo):
-    """The single entry of a 1-element value: int/float, Dim, or None."""
-    v = info.value
-    if v is None or v.size != 1:
-        return None
-    x = v.reshape(-1)[0]
-    if v.dtype.kind == "O":
-        return x
-    return int(x) if v.dtype.kind in "iu" else float(x)
-
-
-@register("Range", 11, 27)
-def range_rule(ctx, n) -> None:
-    infos = need(n, "Range", "start", "limit", "delta")
-    t = check_same_type(n, "Range", infos, ("start", "limit", "delta"))
-    for info, name in zip(infos, ("start", "limit", "delta")):
-        if info.shape is not None and len(info.shape) > 1:
-            n.fail("Range", f"{name} must be a scalar", subject=f"input {name}", expected="rank 0",
-                   found=shape_text(info.shape))
-    start, limit, delta = (_scalar(i) for i in infos)
-    length: DimLike = None
-    value = None
-    if delta == 0:
-        n.fail("Range", "delta cannot be 0", subject="input delta", expected="non-zero", found=0)
-    if all(isinstance(v, (int, float)) for v in (start, limit, delta)):
-        span = (limit - start) / delta
-        if not math.isfinite(span):
-            n.fail("Range", "start, limit and delta must be finite", subject="inputs", expected="finite values",
-                   found=f"start={start}, limit={limit}, delta={delta}")
-        length = max(int(math.ceil(span)), 0)
-        if length <= MAX_VALUE_ELEMS:
-            value = tidy(np.arange(length) * np.array(delta) + np.array(start), t) if t else None
-    elif isinstance(delta, int) and start is not None and limit is not None and not isinstance(start, float) \
-            and not isinstance(limit, float):
-        if delta > 0:
-            length = max0(dims.ceildiv(dims.sub(limit, start), delta))
-        else:
-            length = max0(dims.ceildiv(dims.sub(start, limit), -delta))
-        if length is not None and not nonneg(length):
-            length = None
-    _set(n, 0, t, (length,), value)
-
-
-# ---------------------------------------------------------------- Einsum
-def _einsum_terms(n, equation: str):
-    eq = equation.replace(" ", "")
-    lhs, arrow, rhs = eq.partition("->")
-    return lhs.split(","), (rhs if arrow else None)
-
-
-@register("Einsum", 12, 28)
-def einsum(ctx, n) -> None:
-    infos = need(n, "Einsum", *[f"#{i}" for i in range(max(1, len(n.node.input)))])
-    t = check_same_type(n, "Einsum", infos)
-    eq = n.attr("equation")
-    if eq is None:
-        n.fail("Einsum", "attribute equation is required", subject="attribute equation", expected="an equation",
-               found="none")
-    eq = eq.decode() if isinstance(eq, bytes) else str(eq)
-    terms, rhs = _einsum_terms(n, eq)
-    if len(terms) != len(infos):
-        n.fail("Einsum", "one equation term per input", subject="attribute equation",
-               expected=f"{len(infos)} terms", found=f"{len(terms)} in {eq!r}")
-    if any(i.shape is None for i in infos):
-        _set(n, 0, t, None)
-        return
-    labels: dict[str, DimLike] = {}
-    counts: dict[str, int] = {}
-    ellipsis: tuple | None = None
-    for i, (term, info) in enumerate(zip(terms, infos)):
-        shape = info.shape
-        letters = term.replace("...", "")
-        has_ell = "..." in term
-        if (len(letters) > len(shape)) or (not has_ell and len(letters) != len(shape)):
-            n.fail("Einsum", f"term {term!r} does not match the rank of input #{i}", subject=f"input #{i}",
-                   expected=f"rank {len(letters)}{'+' if has_ell else ''}", found=f"rank {len(shape)}")
-        ell_rank = len(shape) - len(letters)
-        pos = 0
-        for ch in term.replace("...", "."):
-            if ch == ".":
-                ell_dims = tuple(shape[pos:pos + ell_rank])
-                try:
-                    ellipsis = ell_dims if ellipsis is None else broadcast_shapes([ellipsis, ell_dims])
-                except ValueError:
-                    n.fail("Einsum", "ellipsis dims do not broadcast", subject=f"input #{i}",
-                           expected=shape_text(ellipsis), found=shape_text(ell_dims))
-                pos += ell_rank
-                continue
-            d = shape[pos]
-            pos += 1
-            counts[ch] = counts.get(ch, 0) + 1
-            if ch in labels:
-                prev = labels[ch]
-                if isinstance(prev, int) and isinstance(d, int) and prev != d and 1 not in (prev, d):
-                    n.fail("Einsum", f"label {ch!r} has two sizes", subject=f"input #{i}", expected=prev, found=d)
-                labels[ch] = d if prev == 1 else merge_dim(prev, d)
-            else:
-                labels[ch] = d
-    if rhs is None:
-        out_letters = "".join(sorted(c for c, k in counts.items() if k == 1))
-        out = list(ellipsis or ()) + [labels[c] for c in out_letters]
-    else:
-        out = []
-        for part in rhs.replace("...", "."):
-            if part == ".":
-                out.extend(ellipsis or ())
-            elif part in labels:
-                out.append(labels[part])
-            else:
-                n.fail("Einsum", f"output label {part!r} is not in any input term", subject="attribute equation",
-                       expected="labels of the inputs", found=eq)
-    _set(n, 0, t, out)
-
-
-# ---------------------------------------------------------------- TopK / ArgMax
-@register("TopK", 1, 10, 11, 24)
-def topk(ctx, n) -> None:
-    x, = need(n, "TopK", "X")
-    if n.version < 10:
-        k = n.attr("k")
-    else:
-        kin, = need(n, "TopK", "K", at=(1,))
-        if kin.shape is not None and kin.shape not in ((1,), ()):
-            n.fail("TopK", "K must be a 1-element tensor", subject="input K", expected="shape [1]",
-                   found=shape_text(kin.shape))
-        k = _scalar(kin)
-    if x.shape is None:
-        _set(n, 0, x.elem_type, None)
-        _set(n, 1, INT64, None)
-        return
-    r = len(x.shape)
-    axis = norm_axis(n, "TopK", int(n.attr("axis", -1)), r)
-    if isinstance(k, int):
-        if k < 0:
-            n.fail("TopK", "K must not be negative", subject="input K", expected=">= 0", found=k)
-        d = x.shape[axis]
-        if isinstance(d, int) and k > d:
-            n.fail("TopK", "K exceeds the axis size", subject="input K", expected=f"<= {d}", found=k)
-    out = list(x.shape)
-    # K computed from data (not a shape value) is known only at run time: a fresh symbol
-    out[axis] = n.fresh_dim(0, axis) if k is None or isinstance(k, float) else k
-    _set(n, 0, x.elem_type, out)
-    _set(n, 1, INT64, out)
-
-
-def _reduced(shape, axes, keepdims: bool):
-    return [1 if i in axes else d for i, d in enumerate(shape)] if keepdims else \
-        [d for i, d in enumerate(shape) if i not in axes]
-
-
-@register("ArgMax", 1, 11, 12, 13)
-def argmax(ctx, n) -> None:
-    x, = need(n, "ArgMax", "data")
-    keepdims = bool(n.attr("keepdims", 1))
-    if x.shape is None:
-        _set(n, 0, INT64, None)
-        return
-    axis = norm_axis(n, "ArgMax", int(n.attr("axis", 0)), len(x.shape))
-    _set(n, 0, INT64, _reduced(x.shape, {axis}, keepdims))
-
-
-# ---------------------------------------------------------------- reductions
-_AXES_INPUT_SINCE = {"ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18, "ReduceMin": 18}
-
-
-def reduce_rule(ctx, n) -> None:
-    rule = n.node.op_type
-    x, = need(n, rule, "data")
-    t = x.elem_type
-    keepdims = bool(n.attr("keepdims", 1))
-    from_input = n.version >= _AXES_INPUT_SINCE[rule]
-    noop = from_input and bool(n.attr("noop_with_empty_axes", 0))
-    known = True
-    if from_input:
-        if n.has_input(1):
-            axes = entries(n.input(1))
-            if axes is None or not all(isinstance(a, int) for a in axes):
-                known = False
-        else:
-            axes = []
-    else:
-        a = n.attr("axes")
-        axes = [] if a is None else [int(v) for v in a]
-    if x.shape is None:
-        _set(n, 0, t, None)
-        return
-    r = len(x.shape)
-    if not known:
-        if keepdims:
-            _set(n, 0, t, (None,) * r)
-        else:
-            k = _rank_only(n.input(1))
-            _set(n, 0, t, None if k is None else (None,) * (r - k))
-        return
-    if not axes:
-        if noop:
-            _set(n, 0, t, x.shape, x.value)
-            return
-        axes_set = set(range(r))
-    else:
-        axes_set = set(norm_axes(n, rule, axes, r, "axes"))
-    _set(n, 0, t, _reduced(x.shape, axes_set, keepdims))
-
-
-register("ReduceMean", 1, 11, 13, 18)(reduce_rule)
-register("ReduceSum", 1, 11, 13)(reduce_rule)
-register("ReduceMax", 1, 11, 12, 13, 18, 20)(reduce_rule)
-register("ReduceMin", 1, 11, 12, 13, 18, 20)(reduce_rule)
+    set_info(n, 0, t, out)

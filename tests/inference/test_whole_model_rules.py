@@ -899,6 +899,7 @@ def test_rules_never_crash(seed):
     from onnx_quant.inference import registry
 
     modules = {"onnx_quant.inference.rules.elementwise", "onnx_quant.inference.rules.nn", "onnx_quant.inference.rules.tensor_ops",
+               "onnx_quant.inference.rules.constants", "onnx_quant.inference.rules.reductions",
                "onnx_quant.inference.rules.com_microsoft", "onnx_quant.inference.rules.recurrent",
                "onnx_quant.inference.rules.data_dependent"}
     ours_ = [(dom, op, v, fn) for (dom, op), table in registry._RULES.items() for v, fn in table.items()
