@@ -31,10 +31,15 @@ import onnx
 from onnx import helper
 
 from onnx_quant.backend_wgpu.device_value import DeviceValue
-from onnx_quant.backend_wgpu.graph_plan import SYNC_WHY, concrete, free_names, subgraph_reads  # noqa: F401 (re-exported)
+from onnx_quant.backend_wgpu.graph_index import concrete, free_names, subgraph_reads
+from onnx_quant.backend_wgpu.passes import PassResult, RewritePass, elem_lookup
+from onnx_quant.backend_wgpu.verdict import kernel_verdict
 from onnx_quant.dtypes import element_type
 from onnx_quant.errors import ExecutionError, QuantError
 
+#: what placement says of NonZero's region
+SYNC_WHY = ("data-dependent size: the host reads back NonZero's count, then the nodes that read its output "
+            "run on the GPU as a session planned for that count")
 REGION_DOMAIN = "onnx_quant.sync"
 REGION_OP = "DataDependent"
 ALL_SUFFIX = "::nonzero_all"
@@ -154,6 +159,57 @@ def split_model(model: onnx.ModelProto, rejects: Callable[[onnx.NodeProto], str]
     if not any(o.domain == REGION_DOMAIN for o in out.opset_import):
         out.opset_import.append(helper.make_opsetid(REGION_DOMAIN, 1))
     return SplitResult(out, padded, declined)
+
+
+class SplitDataDependent(RewritePass):
+    """NonZero's split as a pass, registry ``specs`` deciding which NonZero the GPU form takes
+    (:func:`split_model`); its report is the :class:`SplitResult`. Requires: no region node yet
+    (the split runs once per model). Ensures: each split NonZero makes its padded outputs and no
+    node outside the region reads its output. The values after it: the inference pass over the
+    new model, with what the region makes typed as the model as written types it."""
+
+    name = "split_data_dependent"
+
+    def __init__(self, specs: Any) -> None:
+        self.specs = specs
+
+    def requires(self, model: onnx.ModelProto, values: Mapping[str, Any]) -> None:
+        super().requires(model, values)
+        self._check([f"node {n.name!r} is a region already" for n in model.graph.node
+                     if is_region(n.domain, n.op_type)], "requires")
+
+    def call(self, model: onnx.ModelProto, values: Mapping[str, Any]) -> PassResult:
+        opsets = {(imp.domain or ""): imp.version for imp in model.opset_import}
+        version = opsets.get("", opsets.get("ai.onnx", 0))
+        elem_of = elem_lookup(values)
+
+        def rejects(node: onnx.NodeProto) -> str:
+            info = values.get(node.input[0])
+            spec, why = kernel_verdict(self.specs, node, "", version, elem_of)
+            if spec is not None and info is not None and info.shape is not None and len(info.shape) == 0:
+                return "the input's rank is 0 (a scalar's indices: [0, count] for ONNX's inference, [1, count] for numpy)"
+            return why
+
+        result = split_model(model, rejects)
+        return PassResult(result.model, bool(result.nonzeros), result)
+
+    def ensures(self, model: onnx.ModelProto, result: PassResult) -> None:
+        super().ensures(model, result)
+        made = {o: n for n in result.model.graph.node for o in n.output if o}
+        faults = [f"NonZero {p.y!r} does not make {p.padded!r} and {p.count!r}" for p in result.report.nonzeros
+                  if made.get(p.padded) is None or list(made[p.padded].output) != [p.padded, p.count]]
+        ys = {p.y for p in result.report.nonzeros}
+        faults += [f"node {n.name or n.op_type!r} reads {x!r} outside the region" for n in result.model.graph.node
+                   for x in _reads(n) & ys if not is_region(n.domain, n.op_type)]
+        self._check(faults, "ensures")
+
+    def values_after(self, values: Mapping[str, Any], result: PassResult) -> dict[str, Any]:
+        after = super().values_after(values, result)
+        for name, info in values.items():  # what the region makes: as the model as written types it
+            known = after.get(name)
+            if known is None or not known.elem_type or known.shape is None:
+                after[name] = info
+        return after
 
 
 def capacity_values(nonzeros: list[PaddedNonZero], values: dict[str, Any]) -> None:

@@ -30,19 +30,18 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import helper
 
 from onnx_quant.backend_wgpu.executor import (
     GpuStep, HostStep, Lifetime, RootValue, Segment, assign_buffers,
 )
+from onnx_quant.backend_wgpu.control_flow import CONTROL_WHY
+from onnx_quant.backend_wgpu.data_dependent import SYNC_WHY
+from onnx_quant.backend_wgpu.graph_index import attributes, concrete, free_names, subgraph_reads, with_nested  # noqa: F401
 from onnx_quant.backend_wgpu.packing import device_nbytes
+from onnx_quant.backend_wgpu.verdict import DEFAULT_DOMAINS, VIEW_OPS, onnx_type
 from onnx_quant.dtypes import element_type, type_name
 from onnx_quant.errors import ExecutionError, QuantError
 
-DEFAULT_DOMAINS = ("", "ai.onnx")
-
-#: ops that run as a view of their input's buffer (no kernel, no copy)
-VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
 
 #: ops whose integer outputs are folded into the plan when shape inference computed them
 #: (shape arithmetic: Shape -> Gather -> Concat -> Reshape and the like)
@@ -54,11 +53,6 @@ FOLD_OPS = frozenset({
 })
 FOLD_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.BOOL})
 
-#: what placement says of an If / Loop (control_flow.py)
-CONTROL_WHY = "control flow: the host reads the condition and runs the chosen body on the GPU"
-#: what placement says of NonZero's region (data_dependent.py)
-SYNC_WHY = ("data-dependent size: the host reads back NonZero's count, then the nodes that read its output "
-            "run on the GPU as a session planned for that count")
 #: what placement_report says of a node that runs no kernel
 PLACEMENT_WHY = {"view": "a view of its input's buffer", "const": "a Constant, uploaded once per session",
                  "control": CONTROL_WHY, "sync": SYNC_WHY,
@@ -92,78 +86,6 @@ class Placement:
     kinds: dict[int, str]
     reasons: dict[int, str]
     folded_by_node: dict[int, dict[str, np.ndarray]]
-
-
-# ----------------------------------------------------------------------------- small helpers
-
-
-def onnx_type(code: int) -> str | None:
-    """The element type name of a TensorProto code, or None when the backend has no such type."""
-    if not code:
-        return None
-    try:
-        return element_type(code).name
-    except QuantError:
-        return None
-
-
-def concrete(shape: Any) -> tuple[int, ...] | None:
-    if shape is None or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
-        return None
-    return tuple(int(d) for d in shape)
-
-
-def attributes(node: onnx.NodeProto) -> dict[str, Any]:
-    """A node's attributes as onnx.helper.get_attribute_value gives them, bytes decoded."""
-    out: dict[str, Any] = {}
-    for a in node.attribute:
-        v = helper.get_attribute_value(a)
-        if isinstance(v, bytes):
-            v = v.decode("utf-8", "replace")
-        elif isinstance(v, list):
-            v = [x.decode("utf-8", "replace") if isinstance(x, bytes) else x for x in v]
-        out[a.name] = v
-    return out
-
-
-def subgraph_reads(node: onnx.NodeProto) -> set[str]:
-    """Outer-scope names the node's subgraphs (If/Loop/Scan bodies) read."""
-    names: set[str] = set()
-    for a in node.attribute:
-        if a.type == onnx.AttributeProto.GRAPH:
-            names.update(free_names(a.g))
-        elif a.type == onnx.AttributeProto.GRAPHS:
-            for g in a.graphs:
-                names.update(free_names(g))
-    return names
-
-
-def with_nested(nodes: Sequence[onnx.NodeProto]) -> list[onnx.NodeProto]:
-    """The nodes and those of their subgraphs, at any depth."""
-    out, todo = [], list(nodes)
-    while todo:
-        n = todo.pop()
-        out.append(n)
-        for a in n.attribute:
-            todo += list(a.g.node) + [m for g in a.graphs for m in g.node]
-    return out
-
-
-def free_names(graph: onnx.GraphProto) -> list[str]:
-    """Outer-scope names a (sub)graph reads, in first-use order: its nodes' inputs, its nested
-    bodies' reads, and outputs it passes through from outside."""
-    defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
-    defined |= {s.values.name for s in graph.sparse_initializer}
-    free: dict[str, None] = {}
-    for n in graph.node:
-        for x in list(n.input) + sorted(subgraph_reads(n)):
-            if x and x not in defined:
-                free[x] = None
-        defined |= {o for o in n.output if o}
-    for o in graph.output:
-        if o.name not in defined:
-            free[o.name] = None
-    return list(free)
 
 
 # ----------------------------------------------------------------------------- 0. plan-time values

@@ -63,7 +63,8 @@ from onnx_quant.backend_wgpu.host_rewrites import host_node
 from onnx_quant.backend_wgpu.host_sizes import check_host_node
 from onnx_quant.backend_wgpu.locking import holding
 from onnx_quant.backend_wgpu.model_check import check_host_outputs, static_values
-from onnx_quant.backend_wgpu.rewrites import RewriteOptions, find_kernel, op_text, rewrite_model
+from onnx_quant.backend_wgpu.rewrites import RewriteOptions, rewrite_model
+from onnx_quant.backend_wgpu.verdict import kernel_verdict, op_text
 from onnx_quant.dtypes import element_type, ort_type, type_name
 from onnx_quant.errors import ExecutionError, HostFallbackWarning, InferenceError, KernelRejected, QuantError
 from onnx_quant.budget import resolve as resolve_budget
@@ -338,7 +339,7 @@ class Session:
         if unit is not None:  # what the unit as written reads besides the fused node's inputs (host fallback)
             implicit |= set(unit.reads()) - set(node.input)
         implicit = tuple(sorted(implicit))
-        spec, reason = find_kernel(self._specs, node, domain, version, self._elem)
+        spec, reason = kernel_verdict(self._specs, node, domain, version, self._elem)
         if domain in DEFAULT_DOMAINS and node.op_type == "Constant":
             return _NodeInfo(index, label, node, domain, version, None, "const", "a constant", implicit)
         if dd.is_region(domain, node.op_type):
