@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
+from onnx import numpy_helper
 
 from onnx_quant.backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS, DeviceInfo
 from onnx_quant.backend_wgpu.packing import device_nbytes
@@ -486,8 +487,6 @@ def _attribute_value(v: Any) -> Any:
     if hasattr(v, "item") and getattr(v, "shape", None) == ():  # numpy scalar
         return _attribute_value(v.item())
     if hasattr(v, "data_type") and hasattr(v, "dims"):  # a TensorProto (ConstantOfShape's value)
-        from onnx import numpy_helper  # noqa: PLC0415
-
         a = numpy_helper.to_array(v)
         if a.dtype.kind not in "biuf" and a.dtype.name not in _ML_TYPES:
             raise TypeError(f"{a.dtype} tensor")

@@ -110,7 +110,7 @@ class FusionResult:
 # ----------------------------------------------------------------------------- graph facts
 
 
-class _Graph(GraphIndex):
+class _QdqIndex(GraphIndex):
     """The shared graph index with what the QDQ selectors ask besides: the DequantizeLinear
     feeding a value, and the quantized types Q/DQ nodes make and read."""
 
@@ -156,7 +156,7 @@ class _Unit:
     clip: int | None = None
 
 
-def _select(G: _Graph, i: int, n_dq: int | None, q_optional: bool = False) -> _Unit:
+def _select(G: _QdqIndex, i: int, n_dq: int | None, q_optional: bool = False) -> _Unit:
     """onnxruntime's GetQDQSelection + CheckQDQNodes: DQ parents, a redundant Relu/Clip, Q children."""
     node = G.nodes[i]
     dqs = {s: d for s, name in enumerate(node.input) if name and (d := G.dq_feeding(name)) is not None}
@@ -190,7 +190,7 @@ def _select(G: _Graph, i: int, n_dq: int | None, q_optional: bool = False) -> _U
     return _Unit(i, dqs, qs, clip)
 
 
-def _q_scalar_params(G: _Graph, q: onnx.NodeProto) -> tuple[float, int, int] | None:
+def _q_scalar_params(G: _QdqIndex, q: onnx.NodeProto) -> tuple[float, int, int] | None:
     """(scale, zero point, type) of a Q with constant scalar parameters (GetQScalarScaleZp)."""
     scale = G.constant(q.input[1])
     if scale is None or scale.ndim != 0:
@@ -203,7 +203,7 @@ def _q_scalar_params(G: _Graph, q: onnx.NodeProto) -> tuple[float, int, int] | N
     return float(scale), int(zp), G.q_elem(q)
 
 
-def _clip_redundant(G: _Graph, clip: onnx.NodeProto, q: onnx.NodeProto) -> bool:
+def _clip_redundant(G: _QdqIndex, clip: onnx.NodeProto, q: onnx.NodeProto) -> bool:
     """onnxruntime's IsClipMadeRedundantByQ."""
     params = _q_scalar_params(G, q)
     if params is None or params[2] not in TYPE_RANGE:
@@ -237,7 +237,7 @@ def _clip_redundant(G: _Graph, clip: onnx.NodeProto, q: onnx.NodeProto) -> bool:
     return quantized(cmin) <= lo and quantized(cmax) >= hi
 
 
-def _input_elem(G: _Graph, dq_index: int) -> int:
+def _input_elem(G: _QdqIndex, dq_index: int) -> int:
     return G.dq_elem(dq_index)
 
 
@@ -249,7 +249,7 @@ def _check_bits(*codes: int, sixteen: bool = False) -> None:
             raise Decline("16-bit types are not fused")
 
 
-def _per_tensor(G: _Graph, name: str, what: str) -> None:
+def _per_tensor(G: _QdqIndex, name: str, what: str) -> None:
     v = G.constant(name)
     if v is not None and v.size != 1:
         raise Decline(f"{what} is not per-tensor")
@@ -269,14 +269,14 @@ class _Fusion:
     attributes: list[onnx.AttributeProto]
 
 
-def _dq_args(G: _Graph, d: int, zero_points: dict[str, int]) -> list[str]:
+def _dq_args(G: _QdqIndex, d: int, zero_points: dict[str, int]) -> list[str]:
     """DequantizeLinear's (x, scale, zero point): a missing zero point as a zero initializer."""
     n = G.nodes[d]
     zp = n.input[2] if len(n.input) > 2 and n.input[2] else _zero_point(G.dq_elem(d), zero_points)
     return [n.input[0], n.input[1], zp]
 
 
-def _q_args(G: _Graph, q: int, zero_points: dict[str, int]) -> list[str]:
+def _q_args(G: _QdqIndex, q: int, zero_points: dict[str, int]) -> list[str]:
     n = G.nodes[q]
     zp = n.input[2] if len(n.input) > 2 and n.input[2] else _zero_point(G.q_elem(n), zero_points)
     return [n.input[1], zp]
@@ -292,7 +292,7 @@ def _attrs(node: onnx.NodeProto, drop: Sequence[str] = ()) -> list[onnx.Attribut
     return [a for a in node.attribute if a.name not in drop]
 
 
-def _types_equal(G: _Graph, u: _Unit, what: str) -> int:
+def _types_equal(G: _QdqIndex, u: _Unit, what: str) -> int:
     codes = {_input_elem(G, d) for d in u.dqs.values()} | {G.q_elem(G.nodes[q]) for q in u.qs}
     if len(codes) != 1:
         raise Decline(f"{what}: input and output types differ")
@@ -300,7 +300,7 @@ def _types_equal(G: _Graph, u: _Unit, what: str) -> int:
     return code
 
 
-def _rule_conv(G: _Graph, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
+def _rule_conv(G: _QdqIndex, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
     u = _select(G, i, None)
     if 0 not in u.dqs or 1 not in u.dqs:
         raise Decline("X and W must come from DequantizeLinear")
@@ -318,7 +318,7 @@ def _rule_conv(G: _Graph, i: int, zps: dict[str, int], int8_allowed: bool) -> _F
     return _Fusion("conv", u, "QLinearConv", "", ins, [G.nodes[u.qs[0]].output[0]], _attrs(G.nodes[i]))
 
 
-def _rule_matmul(G: _Graph, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
+def _rule_matmul(G: _QdqIndex, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
     u = _select(G, i, 2, q_optional=True)
     dt_a, dt_b = _input_elem(G, u.dqs[0]), _input_elem(G, u.dqs[1])
     if dt_a == TensorProto.INT8 and (not int8_allowed or dt_b != dt_a):
@@ -332,7 +332,7 @@ def _rule_matmul(G: _Graph, i: int, zps: dict[str, int], int8_allowed: bool) -> 
     return _Fusion("matmul", u, "QLinearMatMul", "", ins, [G.nodes[u.qs[0]].output[0]], _attrs(G.nodes[i]))
 
 
-def _rule_binary(G: _Graph, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
+def _rule_binary(G: _QdqIndex, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
     u = _select(G, i, None)
     _check_bits(_types_equal(G, u, "binary"))
     ins = _dq_args(G, u.dqs[0], zps) + _dq_args(G, u.dqs[1], zps) + _q_args(G, u.qs[0], zps)
@@ -340,7 +340,7 @@ def _rule_binary(G: _Graph, i: int, zps: dict[str, int], int8_allowed: bool) -> 
                    _attrs(G.nodes[i]))
 
 
-def _rule_unary(G: _Graph, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
+def _rule_unary(G: _QdqIndex, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
     u = _select(G, i, 1)
     if 0 not in u.dqs:
         raise Decline("its data input does not come from a DequantizeLinear")
@@ -353,7 +353,7 @@ def _rule_unary(G: _Graph, i: int, zps: dict[str, int], int8_allowed: bool) -> _
     return _Fusion("unary", u, "QLinear" + node.op_type, MS_DOMAIN, ins, [G.nodes[u.qs[0]].output[0]], attrs)
 
 
-def _rule_concat(G: _Graph, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
+def _rule_concat(G: _QdqIndex, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
     u = _select(G, i, None)
     _check_bits(_types_equal(G, u, "Concat"))
     ins = _q_args(G, u.qs[0], zps)
@@ -363,7 +363,7 @@ def _rule_concat(G: _Graph, i: int, zps: dict[str, int], int8_allowed: bool) -> 
                    _attrs(G.nodes[i]))
 
 
-def _rule_gemm(G: _Graph, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
+def _rule_gemm(G: _QdqIndex, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
     u = _select(G, i, None, q_optional=True)
     if 0 not in u.dqs or 1 not in u.dqs:
         raise Decline("A and B must come from DequantizeLinear")
@@ -392,7 +392,7 @@ def _rule_gemm(G: _Graph, i: int, zps: dict[str, int], int8_allowed: bool) -> _F
     return _Fusion("gemm", u, "QGemm", MS_DOMAIN, ins, outs, _attrs(node, drop=("beta",)))
 
 
-def _rule_drop(G: _Graph, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
+def _rule_drop(G: _QdqIndex, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
     node = G.nodes[i]
     u = _select(G, i, 1)
     if 0 not in u.dqs:
@@ -440,7 +440,7 @@ def fuse_qdq(model: onnx.ModelProto, *, elem_of: Callable[[str], int] | None = N
     does), None to accept every replacement."""
     if elem_of is None:
         elem_of = elem_lookup(static_values(model))
-    G = _Graph(model, elem_of)
+    G = _QdqIndex(model, elem_of)
     result = FusionResult(model)
     zps: dict[str, int] = {}
     fusions: list[_Fusion] = []
@@ -472,7 +472,7 @@ def fuse_qdq(model: onnx.ModelProto, *, elem_of: Callable[[str], int] | None = N
     return _rewrite(model, G, fusions, zps, result)
 
 
-def _rewrite(model: onnx.ModelProto, G: _Graph, fusions: list[_Fusion], zps: Mapping[str, int],
+def _rewrite(model: onnx.ModelProto, G: _QdqIndex, fusions: list[_Fusion], zps: Mapping[str, int],
              result: FusionResult) -> FusionResult:
     removed: set[int] = set()
     at: dict[int, onnx.NodeProto] = {}
