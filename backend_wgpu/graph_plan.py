@@ -459,6 +459,7 @@ class _Uniforms:
         self.align, self.regions, self.size = align, [], 0
 
     def add(self, byte_size: int, data: bytes | None) -> tuple[int, int]:
+        """(offset, size) of a new region for a uniform of ``byte_size`` (16-byte multiple) holding ``data``."""
         size = max(16, -(-byte_size // 16) * 16)
         offset = -(-self.size // self.align) * self.align
         data = bytes(data or b"")
@@ -519,6 +520,7 @@ class _Scheduler:
         return self.alias[name][0]
 
     def flush(self) -> None:
+        """Close the open segment (its outputs' roots learn their segment)."""
         if self.open:
             self.steps.append(self.open)
             for st in self.open:
@@ -528,6 +530,8 @@ class _Scheduler:
         self.open, self.open_produced = [], set()
 
     def gpu(self, info: NodeInfo, plan: Any, once: bool) -> None:
+        """A GPU step: into the prologue (``once``) or the open segment, its constant leading
+        passes hoisted."""
         where = _step_buffers(info, plan, self.root_of, self.on_device, self.uniforms)
         outs = tuple(o for o in info.node.output if o)
         for o in outs:
@@ -541,6 +545,8 @@ class _Scheduler:
         self.pos += 1
 
     def host(self, info: NodeInfo, kind: str, reason: str, values: Mapping[str, Any]) -> None:
+        """A host step (host, control or sync): its inputs read back or, for a sync step's
+        pooled ones, passed as device views; the open segment closed first if it makes one."""
         node = info.node
         reads = [n for n in dict.fromkeys(list(node.input) + list(info.implicit)) if n]
         step_inputs = []

@@ -72,6 +72,7 @@ class RewritePass:
         self._check(graph_faults(model), "requires")
 
     def call(self, model: onnx.ModelProto, values: Mapping[str, Any]) -> PassResult:
+        """The rewrite: a new model (or the given one, unmodified) and the pass's report."""
         raise NotImplementedError
 
     def ensures(self, model: onnx.ModelProto, result: PassResult) -> None:

@@ -80,6 +80,7 @@ class TypeBinding:
         return None
 
     def type_of(self, constraint: str) -> str | None:
+        """The type ``constraint`` is bound to (None while unbound)."""
         held = self.bound.get(constraint)
         return None if held is None else held[0]
 
@@ -126,6 +127,7 @@ def _arity_rejects(spec: Any, node: onnx.NodeProto, inputs: list[str], outputs: 
 
 
 def _static_clash_text(spec: Any, clash: TypeClash, code: int) -> str:
+    """spec_rejects' wording of a clash (``code``: the value's TensorProto element type)."""
     if clash.bound is None:
         return (f"kernel {spec.name}: {clash.io!r} is {type_name(code)}, {clash.constraint} allows only "
                 f"{', '.join(clash.allowed)}")
