@@ -10,7 +10,9 @@ from onnx import TensorProto as TP, helper
 from onnx_quant.backend_wgpu.device_info import DeviceInfo
 from onnx_quant.backend_wgpu.planner import plan_node
 from onnx_quant.backend_wgpu.spec import load_specs
-from onnx_quant.backend_wgpu.verdict import TypeBinding, TypeClash, Verdict, op_text, written_node_rejects
+from onnx_quant.backend_wgpu.verdict import (
+    TypeBinding, TypeClash, Verdict, kernel_verdict, op_text, written_node_rejects,
+)
 from onnx_quant.errors import KernelRejected
 
 SPECS = load_specs()
@@ -47,3 +49,20 @@ def test_the_planner_binds_through_the_same_binding_and_words_its_clash_as_befor
     with pytest.raises(KernelRejected, match=r"'b' has type float16 but 'a' has float32; both are T"):
         plan_node(spec, shapes={"a": (4,), "b": (4,), "c": (4,)}, dtypes={"a": "float32", "b": "float16", "c": "float32"},
                   device=DeviceInfo())
+
+
+def test_the_verdict_asks_the_registry_it_is_given_even_one_that_wraps_another():
+    class WithoutRelu:
+        def __init__(self, inner):
+            self._inner = inner
+
+        def find(self, domain, op_type, version):
+            return None if op_type == "Relu" else self._inner.find(domain, op_type, version)
+
+        def __getattr__(self, name):   # verdict, ops, ... of the wrapped registry
+            return getattr(self._inner, name)
+
+    relu = helper.make_node("Relu", ["x"], ["y"])
+    assert kernel_verdict(WithoutRelu(SPECS), relu, "", 17, lambda n: TP.FLOAT).spec is None
+    assert written_node_rejects(WithoutRelu(SPECS), lambda n: TP.FLOAT)(relu, "", 17).startswith("no GPU kernel")
+    assert SPECS.verdict(relu, "", 17, lambda n: TP.FLOAT) == kernel_verdict(SPECS, relu, "", 17, lambda n: TP.FLOAT)
