@@ -22,7 +22,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnx_quant.backend_wgpu.graph_plan import DEFAULT_DOMAINS, attributes, subgraph_reads
+from onnx_quant.backend_wgpu.graph_index import GraphIndex, attributes
+from onnx_quant.backend_wgpu.passes import PassResult, RewritePass
+from onnx_quant.backend_wgpu.verdict import DEFAULT_DOMAINS
 
 FOLDABLE_TYPES = frozenset({onnx.TensorProto.FLOAT})
 
@@ -39,35 +41,37 @@ class FoldResult:
     folded: list[Folded] = field(default_factory=list)
 
 
-def fold_batch_norm(model: onnx.ModelProto) -> FoldResult:
-    """A copy of ``model`` with every foldable Conv -> BatchNormalization pair folded (the model
-    itself when there is none)."""
-    graph = model.graph
-    overridable = {v.name for v in graph.input}  # an initializer that is also an input is a default, not a constant
-    inits = {t.name: t for t in graph.initializer if t.name not in overridable}
-    readers: dict[str, int] = {}
-    for n in graph.node:
-        for i in list(n.input) + sorted(subgraph_reads(n)):  # a body's read counts too
-            readers[i] = readers.get(i, 0) + 1
-    outputs = {o.name for o in graph.output}
-    producer = {o: n for n in graph.node for o in n.output if o}
+def foldable_pairs(G: GraphIndex) -> list[tuple[onnx.NodeProto, onnx.NodeProto]]:
+    """The (Conv, BatchNormalization) pairs of the indexed graph that fold (the module's rule):
+    the Conv's output read by the BatchNormalization alone (a body's read counts) and no graph
+    output, the parameters constant float32 initializers no feed overrides, inference form."""
     pairs: list[tuple[onnx.NodeProto, onnx.NodeProto]] = []
-    for bn in graph.node:
+    for bn in G.nodes:
         if bn.op_type != "BatchNormalization" or bn.domain not in DEFAULT_DOMAINS:
             continue
-        conv = producer.get(bn.input[0])
+        p = G.producer.get(bn.input[0])
+        conv = None if p is None else G.nodes[p]
         if conv is None or conv.op_type != "Conv" or conv.domain not in DEFAULT_DOMAINS:
             continue
         if attributes(bn).get("training_mode", 0) or len([o for o in bn.output if o]) != 1 or len(bn.input) != 5:
             continue
-        if readers.get(conv.output[0], 0) != 1 or conv.output[0] in outputs:
+        if G.readers(conv.output[0]) != 1 or conv.output[0] in G.outputs:
             continue
-        params = [inits.get(n) for n in list(bn.input[1:]) + list(conv.input[1:])]
+        params = [G.initializers.get(n) for n in list(bn.input[1:]) + list(conv.input[1:])]
         if any(p is None or p.data_type not in FOLDABLE_TYPES for p in params):
             continue
         pairs.append((conv, bn))
+    return pairs
+
+
+def fold_batch_norm(model: onnx.ModelProto) -> FoldResult:
+    """A copy of ``model`` with every foldable Conv -> BatchNormalization pair folded (the model
+    itself when there is none)."""
+    G = GraphIndex(model)
+    pairs = foldable_pairs(G)
     if not pairs:
         return FoldResult(model)
+    inits = G.initializers
     out = onnx.ModelProto()
     out.CopyFrom(model)
     folded_names = {id(c): (c, b) for c, b in pairs}
@@ -93,7 +97,7 @@ def fold_batch_norm(model: onnx.ModelProto) -> FoldResult:
             node.input.extend([conv.input[0], wname, bname])
             node.output[0] = bn.output[0]
             new_nodes.append(node)
-            drop |= {i for i in list(bn.input[1:]) + list(conv.input[1:]) if readers.get(i, 0) == 1}
+            drop |= {i for i in list(bn.input[1:]) + list(conv.input[1:]) if G.readers(i) == 1}
             folded.append(Folded(conv.output[0], bn.output[0]))
         elif n.op_type == "BatchNormalization" and n.output and n.output[0] in bn_outputs:
             continue
@@ -109,3 +113,31 @@ def fold_batch_norm(model: onnx.ModelProto) -> FoldResult:
     del out.graph.value_info[:]
     out.graph.value_info.extend(infos)
     return FoldResult(out, folded)
+
+
+class FoldBatchNorm(RewritePass):
+    """The folding as a pass (``enabled=False``: the model unchanged); its report is the
+    :class:`FoldResult`. Ensures: each folded BatchNormalization's output is made by a Conv, the
+    Conv's own output by no node, and the graph lost one node per pair."""
+
+    name = "fold_batch_norm"
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+
+    def call(self, model: onnx.ModelProto, values) -> PassResult:
+        result = fold_batch_norm(model) if self.enabled else FoldResult(model)
+        return PassResult(result.model, bool(result.folded), result)
+
+    def ensures(self, model: onnx.ModelProto, result: PassResult) -> None:
+        super().ensures(model, result)
+        if not result.modified:
+            return
+        made = {o: n for n in result.model.graph.node for o in n.output if o}
+        faults = [f"{f.batch_norm!r} is not made by a Conv" for f in result.report.folded
+                  if made.get(f.batch_norm) is None or made[f.batch_norm].op_type != "Conv"]
+        faults += [f"{f.conv!r} is still made" for f in result.report.folded if f.conv in made]
+        if len(result.model.graph.node) != len(model.graph.node) - len(result.report.folded):
+            faults.append(f"{len(result.report.folded)} pairs folded, but the graph went from "
+                          f"{len(model.graph.node)} to {len(result.model.graph.node)} nodes")
+        self._check(faults, "ensures")

@@ -23,11 +23,13 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from onnx_quant.backend_wgpu.graph_plan import CONTROL_WHY, NodeInfo, free_names, with_nested  # noqa: F401 (re-exported)
+from onnx_quant.backend_wgpu.graph_index import free_names, with_nested
 from onnx_quant.dtypes import element_type
 from onnx_quant.errors import ExecutionError, QuantError
 
 CONTROL_OPS = frozenset({"If", "Loop", "Scan"})
+#: what placement says of an If / Loop / Scan
+CONTROL_WHY = "control flow: the host reads the condition and runs the chosen body on the GPU"
 #: iterations a Loop may run when neither its trip count nor its condition stops it sooner
 MAX_LOOP_ITERATIONS = 1_000_000
 
@@ -60,7 +62,7 @@ class ControlFlow:
     """Runs one If or Loop node: :meth:`run` takes the node's feeds (its inputs and the outer
     values its bodies read, by name) and returns its outputs."""
 
-    def __init__(self, info: NodeInfo, model: onnx.ModelProto, constants: Mapping[str, np.ndarray],
+    def __init__(self, info: Any, model: onnx.ModelProto, constants: Mapping[str, np.ndarray],
                  make_session: Callable[[onnx.ModelProto], Any], absorb: Callable[[Mapping[str, Any]], None]):
         self.info = info
         self.model = model

@@ -12,7 +12,7 @@ A construction phase (:func:`split_model`, after the fusion phases) rewrites the
 
 At run time the schedule cuts after the segment that ends with the NonZero (the region reads
 the count on the host); the executor reads back the count (8 bytes, through the plan's staging
-buffer) and :class:`DataDependentRegion` runs the region as a Session of its own on the same
+buffer) and :class:`~backend_wgpu.region.DataDependentRegion` (region.py) runs the region as a Session of its own on the same
 device, fed Y as a :class:`DeviceValue` over the first ``rank * count`` elements of the padded
 buffer and every other GPU-made value it reads as a view of its pooled buffer: nothing else
 crosses to the host. The body session keys its plans on its input shapes, so on the count: a
@@ -26,15 +26,17 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-import numpy as np
 import onnx
 from onnx import helper
 
-from onnx_quant.backend_wgpu.device_value import DeviceValue
-from onnx_quant.backend_wgpu.graph_plan import SYNC_WHY, concrete, free_names, subgraph_reads  # noqa: F401 (re-exported)
-from onnx_quant.dtypes import element_type
-from onnx_quant.errors import ExecutionError, QuantError
+from onnx_quant.backend_wgpu.graph_index import concrete, free_names, subgraph_reads
+from onnx_quant.backend_wgpu.passes import PassResult, RewritePass, elem_lookup
+from onnx_quant.backend_wgpu.verdict import kernel_verdict
+from onnx_quant.inference.context import TensorInfo
 
+#: what placement says of NonZero's region
+SYNC_WHY = ("data-dependent size: the host reads back NonZero's count, then the nodes that read its output "
+            "run on the GPU as a session planned for that count")
 REGION_DOMAIN = "onnx_quant.sync"
 REGION_OP = "DataDependent"
 ALL_SUFFIX = "::nonzero_all"
@@ -49,24 +51,6 @@ def is_padded(node: onnx.NodeProto) -> bool:
     """A NonZero in its padded form (two outputs: the indices at capacity, the count)."""
     return (node.op_type == "NonZero" and node.domain in ("", "ai.onnx") and len(node.output) == 2
             and node.output[1].endswith(COUNT_SUFFIX))
-
-
-class HostPaddedNonZero:
-    """The padded form on the host, for a plan where the kernel cannot run it (its input's shape
-    unknown for those input shapes): numpy.nonzero written as the kernel writes it (shaped like
-    ``ReferenceEvaluator``: ``run(None, feeds)``)."""
-
-    def __init__(self, node: onnx.NodeProto):
-        self.x = node.input[0]
-
-    def run(self, _names: Any, feeds: Mapping[str, Any]) -> list[np.ndarray]:
-        x = np.asarray(feeds[self.x])
-        if x.ndim == 0:
-            raise ExecutionError("NonZero of a rank-0 input: numpy and ONNX's inference disagree on its output")
-        found = np.array(np.nonzero(x), dtype=np.int64)
-        padded = np.zeros((x.ndim, x.size), np.int64)
-        padded.reshape(-1)[:found.size] = found.reshape(-1)
-        return [padded, np.array([found.shape[1]], np.int64)]
 
 
 @dataclass(frozen=True)
@@ -156,11 +140,60 @@ def split_model(model: onnx.ModelProto, rejects: Callable[[onnx.NodeProto], str]
     return SplitResult(out, padded, declined)
 
 
+class SplitDataDependent(RewritePass):
+    """NonZero's split as a pass, registry ``specs`` deciding which NonZero the GPU form takes
+    (:func:`split_model`); its report is the :class:`SplitResult`. Requires: no region node yet
+    (the split runs once per model). Ensures: each split NonZero makes its padded outputs and no
+    node outside the region reads its output. The values after it: the inference pass over the
+    new model, with what the region makes typed as the model as written types it."""
+
+    name = "split_data_dependent"
+
+    def __init__(self, specs: Any) -> None:
+        self.specs = specs
+
+    def requires(self, model: onnx.ModelProto, values: Mapping[str, Any]) -> None:
+        super().requires(model, values)
+        self._check([f"node {n.name!r} is a region already" for n in model.graph.node
+                     if is_region(n.domain, n.op_type)], "requires")
+
+    def call(self, model: onnx.ModelProto, values: Mapping[str, Any]) -> PassResult:
+        opsets = {(imp.domain or ""): imp.version for imp in model.opset_import}
+        version = opsets.get("", opsets.get("ai.onnx", 0))
+        elem_of = elem_lookup(values)
+
+        def rejects(node: onnx.NodeProto) -> str:
+            info = values.get(node.input[0])
+            spec, why = kernel_verdict(self.specs, node, "", version, elem_of)
+            if spec is not None and info is not None and info.shape is not None and len(info.shape) == 0:
+                return "the input's rank is 0 (a scalar's indices: [0, count] for ONNX's inference, [1, count] for numpy)"
+            return why
+
+        result = split_model(model, rejects)
+        return PassResult(result.model, bool(result.nonzeros), result)
+
+    def ensures(self, model: onnx.ModelProto, result: PassResult) -> None:
+        super().ensures(model, result)
+        made = {o: n for n in result.model.graph.node for o in n.output if o}
+        faults = [f"NonZero {p.y!r} does not make {p.padded!r} and {p.count!r}" for p in result.report.nonzeros
+                  if made.get(p.padded) is None or list(made[p.padded].output) != [p.padded, p.count]]
+        ys = {p.y for p in result.report.nonzeros}
+        faults += [f"node {n.name or n.op_type!r} reads {x!r} outside the region" for n in result.model.graph.node
+                   for x in _reads(n) & ys if not is_region(n.domain, n.op_type)]
+        self._check(faults, "ensures")
+
+    def values_after(self, values: Mapping[str, Any], result: PassResult) -> dict[str, Any]:
+        after = super().values_after(values, result)
+        for name, info in values.items():  # what the region makes: as the model as written types it
+            known = after.get(name)
+            if known is None or not known.elem_type or known.shape is None:
+                after[name] = info
+        return after
+
+
 def capacity_values(nonzeros: list[PaddedNonZero], values: dict[str, Any]) -> None:
     """Inference's values completed for the padded outputs: ``[rank, numel(X)]`` and ``[1]``, int64
     (inference sees a two-output NonZero it does not know), where X's shape is known."""
-    from onnx_quant.inference.context import TensorInfo  # noqa: PLC0415
-
     for p in nonzeros:
         info = values.get(p.x)
         shape = concrete(None if info is None else info.shape)
@@ -168,81 +201,3 @@ def capacity_values(nonzeros: list[PaddedNonZero], values: dict[str, Any]) -> No
             continue  # the kernel cannot be planned: the node runs on the host (HostPaddedNonZero)
         values[p.padded] = TensorInfo(onnx.TensorProto.INT64, (len(shape), math.prod(shape)))
         values[p.count] = TensorInfo(onnx.TensorProto.INT64, (1,))
-
-
-def _value_info(name: str, value: Any, *, indices: bool = False) -> onnx.ValueInfoProto:
-    """A body input typed like ``value`` (an array or a DeviceValue), every dim anonymous but the
-    rank of NonZero's ``indices`` (fixed: what follows, a GatherND, knows its output's rank)."""
-    dtype = value.dtype if isinstance(value, DeviceValue) else np.asarray(value).dtype
-    dims = list(value.dims) if isinstance(value, DeviceValue) else list(np.asarray(value).shape)
-    return helper.make_tensor_value_info(name, element_type(dtype).code,
-                                         [dims[0], None] if indices else [None] * len(dims))
-
-
-class DataDependentRegion:
-    """Runs one region node: :meth:`run` takes the node's feeds (padded NonZero outputs and the
-    device views of GPU-made values as DeviceValues, the counts and host values as arrays) and
-    returns the node's outputs (the graph outputs the region makes, on the host)."""
-
-    def __init__(self, info: Any, model: onnx.ModelProto, make_session: Callable[[onnx.ModelProto], Any],
-                 absorb: Callable[[Mapping[str, Any]], None]):
-        self.info = info
-        self.model = model
-        self.make_session = make_session
-        self.absorb = absorb
-        self.body = next(a.g for a in info.node.attribute if a.name == "body")
-        #: the NonZeros whose outputs the region reads: 2 node inputs each (padded, count), 1 body input (Y)
-        self.n_nonzeros = len(info.node.input) - len(self.body.input)
-        self._session: Any = None
-
-    def body_sessions(self) -> list[Any]:
-        return [] if self._session is None else [self._session]
-
-    def _fail(self, what: str) -> ExecutionError:
-        return ExecutionError(f"node {self.info.label!r} (NonZero's region): {what}")
-
-    def _feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
-        """The body's feeds: each Y a view of the first rank * count elements of its padded buffer."""
-        names = list(self.info.node.input)
-        inputs = [i.name for i in self.body.input]
-        n_ys = self.n_nonzeros
-        out: dict[str, Any] = {}
-        for k in range(n_ys):
-            padded, count = feeds[names[2 * k]], np.asarray(feeds[names[2 * k + 1]]).reshape(-1)
-            rank, capacity = padded.dims if isinstance(padded, DeviceValue) else padded.shape
-            c = int(count[0])
-            if not 0 <= c <= capacity:  # impossible by construction (the buffer holds every element)
-                raise self._fail(f"NonZero counted {c} nonzero elements of {capacity}")
-            if isinstance(padded, DeviceValue):
-                out[inputs[k]] = DeviceValue.borrowed(padded.device, padded.buffer, "int64", (rank, c))
-            else:  # the padded form ran on the host
-                out[inputs[k]] = np.ascontiguousarray(padded.reshape(-1)[:rank * c].reshape(rank, c))
-        for name, body_name in zip(names[2 * n_ys:], inputs[n_ys:]):
-            out[body_name] = feeds[name]
-        return out
-
-    def _body_session(self, feeds: Mapping[str, Any]) -> Any:
-        if self._session is None:
-            g = onnx.GraphProto()
-            g.CopyFrom(self.body)
-            del g.input[:]
-            g.input.extend(_value_info(i.name, feeds[i.name], indices=k < self.n_nonzeros)
-                           for k, i in enumerate(self.body.input))
-            g.name = f"{self.info.label}_body"
-            child = helper.make_model(g, opset_imports=list(self.model.opset_import),
-                                      ir_version=self.model.ir_version, functions=list(self.model.functions))
-            try:
-                self._session = self.make_session(child)
-            except QuantError as e:
-                raise self._fail(f"cannot run: {e}") from None
-        return self._session
-
-    def run(self, feeds: Mapping[str, Any]) -> list[Any]:
-        body_feeds = self._feeds(feeds)
-        session = self._body_session(body_feeds)
-        try:
-            outs = session.run(None, body_feeds)
-        except QuantError as e:
-            raise self._fail(str(e)) from None
-        self.absorb(session.last_run_stats)
-        return outs

@@ -48,15 +48,17 @@ is evaluated on the host as the unit it replaced.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
 from onnx_quant.backend_wgpu.elementwise_fusion import DOMAIN as INTERNAL_DOMAIN  # the project's fused ops
-from onnx_quant.backend_wgpu.graph_plan import DEFAULT_DOMAINS, subgraph_reads
-from onnx_quant.backend_wgpu.qdq_fusion import MS_DOMAIN, Decline, FusedUnit, FusionResult, _Graph
+from onnx_quant.backend_wgpu.graph_index import GraphIndex, subgraph_reads
+from onnx_quant.backend_wgpu.passes import PassResult, RewritePass, elem_lookup, kernel_check, unit_faults
+from onnx_quant.backend_wgpu.qdq_fusion import MS_DOMAIN, Decline, FusedUnit, FusionResult
+from onnx_quant.backend_wgpu.verdict import DEFAULT_DOMAINS
 
 TARGETS = ("MatMulInteger", "ConvInteger")
 
@@ -70,12 +72,12 @@ def _attr(node: onnx.NodeProto, name: str, default=None):
     return default if a is None else helper.get_attribute_value(a)
 
 
-def _is_dql_scale(G: _Graph, name: str) -> bool:
+def _is_dql_scale(G: GraphIndex, name: str) -> bool:
     p = G.producer.get(name)
     return p is not None and _op(G.nodes[p], "DynamicQuantizeLinear") and list(G.nodes[p].output)[1:2] == [name]
 
 
-def _sole_consumer_or_none(G: _Graph, i: int) -> tuple[int, int] | None:
+def _sole_consumer_or_none(G: GraphIndex, i: int) -> tuple[int, int] | None:
     """The single (consumer, slot) of node i's first output, None when it has others (a subgraph
     read counts) or is a graph output (onnxruntime's CheckOutputEdges(.., 1))."""
     out = G.nodes[i].output[0]
@@ -85,14 +87,14 @@ def _sole_consumer_or_none(G: _Graph, i: int) -> tuple[int, int] | None:
     return edges[0]
 
 
-def _only_consumer(G: _Graph, i: int, what: str) -> tuple[int, int]:
+def _only_consumer(G: GraphIndex, i: int, what: str) -> tuple[int, int]:
     edge = _sole_consumer_or_none(G, i)
     if edge is None:
         raise Decline(f"{what} ({G.nodes[i].output[0]!r}) has other consumers or is a graph output")
     return edge
 
 
-def _constant(G: _Graph, name: str) -> np.ndarray | None:
+def _constant(G: GraphIndex, name: str) -> np.ndarray | None:
     """An initializer / Constant, or a Reshape of constants (quantize_dynamic reshapes a conv
     bias to [1, M, 1, 1] with a Reshape node)."""
     v = G.constant(name)
@@ -124,7 +126,7 @@ def _per_output(v: np.ndarray, n: int, conv: bool, nsp: int, per_tensor: bool) -
     return s == [n] or (per_tensor and s in ([], [1]))
 
 
-def _select(G: _Graph, i: int) -> tuple[onnx.NodeProto, list[int], str]:
+def _select(G: GraphIndex, i: int) -> tuple[onnx.NodeProto, list[int], str]:
     """The fused node for the unit rooted at integer node i, its member node indices (graph
     order) and the rule; Decline with the reason where a condition fails."""
     target = G.nodes[i]
@@ -237,7 +239,7 @@ def fuse_dynamic(model: onnx.ModelProto, *, elem_of: Callable[[str], int] | None
                  supported: Callable[[onnx.NodeProto, str, int], str] | None = None) -> FusionResult:
     """The model with its dynamic-quantization units replaced (a new ModelProto; ``model`` is
     not changed). ``elem_of`` / ``supported`` as in :func:`qdq_fusion.fuse_qdq`."""
-    G = _Graph(model, elem_of or (lambda n: 0))
+    G = GraphIndex(model, elem_of)
     result = FusionResult(model)
     taken: set[int] = set()
     chosen: list[tuple[onnx.NodeProto, list[int], str, int]] = []
@@ -277,3 +279,24 @@ def fuse_dynamic(model: onnx.ModelProto, *, elem_of: Callable[[str], int] | None
     out.graph.value_info.extend(infos)
     result.model = out
     return result
+
+
+class DynamicFusion(RewritePass):
+    """The dynamic-quantization fusion as a pass (``enabled=False``: the model unchanged); its
+    report is the :class:`~qdq_fusion.FusionResult`. Ensures: every fused node is in the model
+    and no node of its unit makes a value there any more."""
+
+    name = "fuse_dynamic"
+
+    def __init__(self, specs: Any = None, enabled: bool = True) -> None:
+        self.specs, self.enabled = specs, enabled
+
+    def call(self, model: onnx.ModelProto, values) -> PassResult:
+        if not self.enabled:
+            return PassResult(model, False, FusionResult(model))
+        result = fuse_dynamic(model, elem_of=elem_lookup(values), supported=kernel_check(self.specs, values))
+        return PassResult(result.model, bool(result.units), result)
+
+    def ensures(self, model: onnx.ModelProto, result: PassResult) -> None:
+        super().ensures(model, result)
+        self._check(unit_faults(result.model, result.report.units), "ensures")

@@ -25,13 +25,15 @@ The group as written (with its producer) stays beside the fused node
 from __future__ import annotations
 
 import json
-from typing import Callable
+from typing import Any, Callable
 
 import onnx
 from onnx import helper
 
-from onnx_quant.backend_wgpu.graph_plan import DEFAULT_DOMAINS, attributes
-from onnx_quant.backend_wgpu.qdq_fusion import FusedUnit, FusionResult, _Graph, _since_version
+from onnx_quant.backend_wgpu.graph_index import GraphIndex, attributes, since_version
+from onnx_quant.backend_wgpu.passes import PassResult, RewritePass, elem_lookup, kernel_check, unit_faults
+from onnx_quant.backend_wgpu.qdq_fusion import FusedUnit, FusionResult
+from onnx_quant.backend_wgpu.verdict import DEFAULT_DOMAINS
 
 DOMAIN = "ai.onnx_quant"
 OP_TYPE = "FusedElementwise"
@@ -89,7 +91,7 @@ def fuse_elementwise(model: onnx.ModelProto, *, elem_of: Callable[[str], int],
     """The model with its float32 elementwise groups fused (a new ModelProto; ``model`` is not
     changed). ``spec_of(node, version)``: the kernel spec that runs the node, or None;
     ``supported(node, domain, version)``: why no kernel takes the fused node ('' if one does)."""
-    G = _Graph(model, elem_of)
+    G = GraphIndex(model, elem_of)
     result = FusionResult(model)
     f32 = onnx.TensorProto.FLOAT
     step: dict[int, tuple[str, list]] = {}
@@ -101,7 +103,7 @@ def fuse_elementwise(model: onnx.ModelProto, *, elem_of: Callable[[str], int],
             continue  # computed from constants only: once per plan (the prologue), not in a per-run group
         if not all(x and elem_of(x) == f32 for x in [*n.input, n.output[0]]):
             continue
-        s = _step_expression(spec_of(n, _since_version(n, G.opset)), n)
+        s = _step_expression(spec_of(n, since_version(n, G.opset)), n)
         if s is not None:
             step[i] = s
     group_of: dict[int, list[int]] = {}
@@ -155,7 +157,7 @@ def fuse_elementwise(model: onnx.ModelProto, *, elem_of: Callable[[str], int],
     return result
 
 
-def _epilogue_of(G: _Graph, group: list[int], constant: set[str], spec_of) -> int | None:
+def _epilogue_of(G: GraphIndex, group: list[int], constant: set[str], spec_of) -> int | None:
     """The float32 Conv / MatMul / Gemm whose output is all ``group`` reads and only ``group``
     reads: the group can run as that kernel's epilogue."""
     reads = _reads(G, group)
@@ -167,10 +169,10 @@ def _epilogue_of(G: _Graph, group: list[int], constant: set[str], spec_of) -> in
         return None
     if G.elem_of(reads[0]) != onnx.TensorProto.FLOAT or not all(c in group for c, _ in G.edges.get(reads[0], [])):
         return None
-    return p if spec_of(node, _since_version(node, G.opset)) is not None else None
+    return p if spec_of(node, since_version(node, G.opset)) is not None else None
 
 
-def _fused_producer(G: _Graph, p: int, group: list[int], step: dict[int, tuple[str, list]]) -> onnx.NodeProto:
+def _fused_producer(G: GraphIndex, p: int, group: list[int], step: dict[int, tuple[str, list]]) -> onnx.NodeProto:
     """Fused<Op>: the producer's inputs and attributes, the group's steps as ``activation``."""
     node = G.nodes[p]
     steps = _steps(G, group, step, {node.output[0]: "x0"})
@@ -181,12 +183,12 @@ def _fused_producer(G: _Graph, p: int, group: list[int], step: dict[int, tuple[s
     return fused
 
 
-def _reads(G: _Graph, members: list[int]) -> list[str]:
+def _reads(G: GraphIndex, members: list[int]) -> list[str]:
     made = {G.nodes[m].output[0] for m in members}
     return list(dict.fromkeys(x for m in members for x in G.nodes[m].input if x not in made))
 
 
-def _steps(G: _Graph, members: list[int], step: dict[int, tuple[str, list]], ref: dict[str, str]) -> list[dict]:
+def _steps(G: GraphIndex, members: list[int], step: dict[int, tuple[str, list]], ref: dict[str, str]) -> list[dict]:
     """The members as steps over the references in ``ref`` (inputs) and earlier steps."""
     ref = dict(ref)
     steps = []
@@ -198,9 +200,40 @@ def _steps(G: _Graph, members: list[int], step: dict[int, tuple[str, list]], ref
     return steps
 
 
-def _fused_node(G: _Graph, members: list[int], step: dict[int, tuple[str, list]]) -> onnx.NodeProto:
+def _fused_node(G: GraphIndex, members: list[int], step: dict[int, tuple[str, list]]) -> onnx.NodeProto:
     inputs = _reads(G, members)
     steps = _steps(G, members, step, {x: f"x{k}" for k, x in enumerate(inputs)})
     name = "+".join(G.label(m) for m in members)
     return helper.make_node(OP_TYPE, inputs, [G.nodes[members[-1]].output[0]], name=name, domain=DOMAIN,
                             steps=json.dumps(steps, separators=(",", ":")))
+
+
+class ElementwiseFusion(RewritePass):
+    """The elementwise fusion as a pass, the kernel specs of ``specs`` deciding which nodes are
+    table ops and which fused nodes a kernel takes (``enabled=False``: the model unchanged); its
+    report is the :class:`~qdq_fusion.FusionResult`. Ensures: every fused node is in the model, no
+    node of its group makes a value there any more, and a group reads at most MAX_INPUTS values
+    in at most MAX_STEPS steps."""
+
+    name = "fuse_elementwise"
+
+    def __init__(self, specs: Any, enabled: bool = True) -> None:
+        self.specs, self.enabled = specs, enabled
+
+    def call(self, model: onnx.ModelProto, values) -> PassResult:
+        if not self.enabled:
+            return PassResult(model, False, FusionResult(model))
+        result = fuse_elementwise(model, elem_of=elem_lookup(values), supported=kernel_check(self.specs, values),
+                                  spec_of=lambda node, version: self.specs.find("", node.op_type, version))
+        return PassResult(result.model, bool(result.units), result)
+
+    def ensures(self, model: onnx.ModelProto, result: PassResult) -> None:
+        super().ensures(model, result)
+        faults = unit_faults(result.model, result.report.units)
+        for u in result.report.units:
+            steps = json.loads(attributes(u.node).get("steps") or attributes(u.node).get("activation") or "[]")
+            if u.rule == "elementwise" and len(u.node.input) > MAX_INPUTS:
+                faults.append(f"{u.node.name!r} reads {len(u.node.input)} values, more than {MAX_INPUTS}")
+            if len(steps) > MAX_STEPS:
+                faults.append(f"{u.node.name!r} has {len(steps)} steps, more than {MAX_STEPS}")
+        self._check(faults, "ensures")

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections import ChainMap, OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
@@ -33,7 +33,7 @@ from onnx_quant.backend_wgpu.device import release_quietly
 from onnx_quant.backend_wgpu.device_value import DeviceValue
 from onnx_quant.backend_wgpu.packing import etype as _etype, pack_array, packed_nbytes, unpack_array  # noqa: F401 (re-exported)
 from onnx_quant.backend_wgpu.pipelines import layout_key
-from onnx_quant.backend_wgpu.plan import BufferPlan, KernelPlan
+from onnx_quant.backend_wgpu.plan import BufferPlan, GpuStep, GraphPlan, HostStep, KernelPlan, Segment
 from onnx_quant.errors import ExecutionError
 
 #: how many prepared plans a device keeps (least recently used ones are released)
@@ -219,10 +219,12 @@ def run_plan(device, plan: KernelPlan, inputs: Mapping[str, np.ndarray], *, node
 # The graph executor: a whole model's plan for one binding of input shapes
 # ============================================================================================
 #
-# ``session.py`` builds a :class:`GraphPlan` (which node runs where, which value lives in which
-# buffer, in which order the work is submitted); this section allocates its device state once
-# (:func:`prepare_graph`) and runs it (:func:`run_graph`). docs/backend.md, "Graph execution",
-# describes the model; the short form:
+# ``graph_plan.compile`` builds a frozen :class:`~backend_wgpu.plan.GraphPlan` (which node runs
+# where, which value lives in which buffer, in which order the work is submitted); this section
+# allocates its device state once into a :class:`PreparedGraph` (:func:`prepare_graph`), runs it
+# (:func:`run_graph`) and frees it (:func:`release_graph`). It never imports the compiler, nor the
+# compiler it: both read plan.py. docs/backend.md, "Graph execution", describes the model; the
+# short form:
 #
 # * values are *roots* (a tensor some node or the caller produces) or *aliases* (the output of
 #   a view node: a root with another shape, sharing its buffer);
@@ -230,140 +232,7 @@ def run_plan(device, plan: KernelPlan, inputs: Mapping[str, np.ndarray], *, node
 #   submit) and ``HostStep`` (a node run by onnx.reference); a segment ends only where a host
 #   node needs a value the open segment produces;
 # * pooled values (feeds, GPU-produced values, host values uploaded for GPU nodes, kernel
-#   scratch buffers) get buffers from a greedy allocator over their lifetimes, by size class.
-
-#: the smallest pooled buffer (bytes); tiny values (scales, zero points) share this class
-SIZE_CLASS_MIN = 256
-
-
-def size_class(nbytes: int, cap: int | None = None) -> int:
-    """The pooled-buffer size for a value of ``nbytes``: at least SIZE_CLASS_MIN, else the
-    next m * 2**k with m in 4..8 (four classes per octave, at most 25 % slack). ``cap`` (the
-    device's maxBufferSize) bounds the class, never below ``nbytes`` itself."""
-    n = max(4, (int(nbytes) + 3) // 4 * 4)
-    if n <= SIZE_CLASS_MIN:
-        cls = SIZE_CLASS_MIN
-    else:
-        k = n.bit_length() - 3
-        cls = ((n + (1 << k) - 1) >> k) << k
-    if cap is not None and cls > cap:
-        cls = max(n, cap)
-    return cls
-
-
-@dataclass(frozen=True)
-class Lifetime:
-    """A pooled value: ``key`` lives in a buffer of ``nbytes`` from GPU position ``start`` to
-    ``end`` inclusive (positions number the GPU nodes in schedule order, across segments)."""
-
-    key: Any
-    nbytes: int
-    start: int
-    end: int
-
-
-def assign_buffers(lifetimes: "list[Lifetime]", cap: int | None = None) -> tuple[dict[Any, int], list[int]]:
-    """Greedy allocation: walk the values by start position; a buffer whose value's lifetime
-    ended before the start returns to the free list of its size class; each value takes a
-    free buffer of its class or a new one. Two values share a buffer only when their
-    lifetimes do not overlap. Returns (key -> slot index, slot sizes)."""
-    import heapq  # noqa: PLC0415
-
-    free: dict[int, list[int]] = {}
-    active: list[tuple[int, int]] = []  # (end, slot)
-    slots: list[int] = []
-    assign: dict[Any, int] = {}
-    for lt in sorted(lifetimes, key=lambda lt: lt.start):  # stable: ties keep plan order
-        while active and active[0][0] < lt.start:
-            _, slot = heapq.heappop(active)
-            free.setdefault(slots[slot], []).append(slot)
-        cls = size_class(lt.nbytes, cap)
-        pool = free.get(cls)
-        if pool:
-            slot = pool.pop()
-        else:
-            slot = len(slots)
-            slots.append(cls)
-        assign[lt.key] = slot
-        heapq.heappush(active, (lt.end, slot))
-    return assign, slots
-
-
-@dataclass
-class RootValue:
-    """A tensor the run produces or receives. ``origin``: ``feed`` (a graph input, uploaded
-    at the start of every run), ``init`` (an initializer) or ``const`` (a Constant node's
-    value; both uploaded once per session), ``fold`` (a value shape inference computed for
-    this binding, e.g. a Shape; uploaded once per plan), ``gpu`` (a GPU node's output),
-    ``once`` (the output of a GPU node whose inputs are all constants: computed once per plan
-    into a buffer of its own) or ``host`` (a host node's output)."""
-
-    name: str
-    onnx_type: str | None
-    shape: tuple[int, ...] | None
-    origin: str
-    #: device bytes (packed) when the value has a known type and shape
-    nbytes: int = 0
-    on_device: bool = False      # some GPU node reads it
-    on_host: bool = False        # some host node reads it (read back when produced on the GPU)
-    #: for ``gpu`` roots: the GPU position of the producer; for ``host`` roots uploaded to
-    #: the device: the segment that uploads them
-    producer_pos: int = -1
-    upload_segment: int = -1
-    segment: int = -1            # ``gpu`` roots: the segment that produces them
-
-
-@dataclass
-class GpuStep:
-    """One node run by its kernel: the plan and, per BufferPlan name, where its buffer is:
-    ``("value", root)``, ``("scratch", key)`` (pooled), ``("kept", key)`` (scratch a hoisted pass
-    writes: a buffer of its own for the plan's life), ``("data", key)`` (plan-time data: a buffer of its own,
-    written once), ``("absent", k)`` or ``("uniform", offset, size)``."""
-
-    index: int
-    label: str
-    op_type: str
-    pos: int
-    plan: KernelPlan
-    buffers: dict[str, tuple]
-    outputs: tuple[str, ...]     # roots it produces
-    #: leading passes over constants only, run once per plan in the prologue (graph_plan.hoist_constant_passes)
-    hoisted: int = 0
-    # device state
-    dispatches: list[tuple] = None  # type: ignore[assignment]
-
-
-@dataclass
-class Segment:
-    index: int
-    steps: list[GpuStep]
-    #: host-produced roots written to the device (write_buffer) before this segment's submit
-    uploads: list[str]
-
-    @property
-    def start(self) -> int:
-        return self.steps[0].pos if self.steps else 0
-
-    @property
-    def end(self) -> int:
-        return self.steps[-1].pos if self.steps else 0
-
-
-@dataclass
-class HostStep:
-    """One node run on the host by onnx.reference. ``inputs``: (name the node reads, root,
-    shape to view it with); the same for the outer-scope names its subgraphs read."""
-
-    index: int
-    label: str
-    op_type: str
-    inputs: list[tuple[str, str, tuple[int, ...] | None]]
-    outputs: tuple[str, ...]
-    reason: str
-    #: pooled roots (GPU-made, fed) the step reads as views of their buffers (a sync step: data_dependent.py)
-    device_inputs: tuple[str, ...] = ()
-    #: the GPU position of the next GPU node: the step runs before it (device views live until then)
-    pos: int = -1
+#   scratch buffers) have buffers the compiler assigned over their lifetimes, by size class.
 
 
 @dataclass
@@ -414,55 +283,27 @@ class SessionStats:
 
 
 @dataclass
-class GraphPlan:
-    """Everything needed to run a model for one binding of input shapes (``key``)."""
+class PreparedGraph:
+    """The executor's device state for one :class:`~onnx_quant.backend_wgpu.plan.GraphPlan`
+    (:func:`prepare_graph`): the pooled buffers (one per slot), the folded values' and the
+    once-per-plan buffers, the uniform buffer, each GPU step's per-run dispatch commands (by node
+    index), the read-back staging buffer (grown as needed), and what runs build once and reuse:
+    the read-back layouts and the prebuilt programs per set of requested outputs."""
 
-    key: tuple
-    roots: dict[str, RootValue]
-    #: value name -> (root name, shape): identity for roots, the view's shape for aliases
-    alias: dict[str, tuple[str, tuple[int, ...] | None]]
-    #: ``Segment`` and ``HostStep`` in execution order
-    schedule: list[Any]
-    #: per node index: "gpu" | "host" | "view" | "const" | "fold" | "unused", and why
-    placement: dict[int, tuple[str, str]]
-    lifetimes: list[Lifetime]
-    slot_of: dict[Any, int]
-    slot_sizes: list[int]
-    uniform_regions: list[tuple[int, bytes]]   # (offset, bytes) in the plan's uniform buffer
-    uniform_size: int
-    folded: dict[str, np.ndarray]
-    # device state (prepare_graph)
-    prepared: bool = False
-    slots: list[Any] | None = None
-    uniform: Any = None
-    fold_buffers: dict[str, Any] | None = None
+    plan: GraphPlan
+    slots: list[Any]
+    uniform: Any
+    fold_buffers: dict[str, Any]
+    once_buffers: dict[Any, Any]
+    #: GPU step's node index -> its per-run commands (the hoisted passes ran in the prologue)
+    dispatches: dict[int, list[tuple]]
     staging: Any = None
     staging_size: int = 0
-    #: requested outputs -> per segment index: [(root, offset, nbytes)], total per segment
-    readback_layouts: dict[tuple, dict[int, list[tuple[str, int, int]]]] | None = None
-    #: GPU nodes of constants only (``once`` roots), run once when the plan is prepared
-    prologue: list[GpuStep] = None  # type: ignore[assignment]
+    #: requested outputs -> per segment index: [(root, offset, nbytes)]
+    readback_layouts: dict[tuple, dict[int, list[tuple[str, int, int]]]] = field(default_factory=dict)
     #: (segment, requested roots) -> (flat command list, dispatches): a run's prebuilt program
-    programs: dict[tuple, tuple[list, int]] = None  # type: ignore[assignment]
-    once_buffers: dict[str, Any] | None = None
-
-    @property
-    def gpu_steps(self) -> list[GpuStep]:
-        """Every GPU node of the plan: the prologue's, then the segments' in run order."""
-        return list(self.prologue or ()) + [s for seg in self.schedule if isinstance(seg, Segment) for s in seg.steps]
-
-    @property
-    def segments(self) -> list[Segment]:
-        return [s for s in self.schedule if isinstance(s, Segment)]
-
-    def memory(self) -> dict[str, int]:
-        """How well buffers are reused: pooled values vs the buffers that hold them."""
-        return {
-            "pooled_values": len(self.lifetimes),
-            "pooled_buffers": len(self.slot_sizes),
-            "value_bytes": sum(max(4, lt.nbytes) for lt in self.lifetimes),
-            "buffer_bytes": sum(self.slot_sizes),
-        }
+    programs: dict[tuple, tuple[list, int]] = field(default_factory=dict)
+    released: bool = False
 
 
 class SessionResources:
@@ -517,13 +358,13 @@ def _destroy(buf) -> None:
     release_quietly(buf)
 
 
-def prepare_graph(device, gplan: GraphPlan, res: SessionResources, constants: Mapping[str, np.ndarray]) -> None:
-    """Allocate a plan's device state once: pooled buffers, the folded values' buffers, one
+def prepare_graph(device, gplan: GraphPlan, res: SessionResources, constants: Mapping[str, np.ndarray]
+                  ) -> PreparedGraph:
+    """A plan's device state, allocated once: pooled buffers, the folded values' buffers, one
     uniform buffer with a 256-byte-aligned region per pass (written once: its bytes depend
     only on the shapes), every pass's pipeline (compiled through the device's pipeline cache,
-    so shared by every plan and session on the device) and bind group."""
-    if gplan.prepared:
-        return
+    so shared by every plan and session on the device) and bind group; the prologue (constant
+    nodes and hoisted passes) submitted once. On failure nothing it allocated is kept."""
     for step in gplan.gpu_steps:
         check_limits(device.info, step.plan, node=step.label)
     stats = res.stats
@@ -590,9 +431,10 @@ def prepare_graph(device, gplan: GraphPlan, res: SessionResources, constants: Ma
             raise ExecutionError(f"node {step.label}: buffer {bname}: unknown placement {where!r}")  # pragma: no cover
 
         hoisted: list[tuple] = []  # the run steps' constant passes, recorded into the prologue
+        dispatches: dict[int, list[tuple]] = {}
         for step in gplan.gpu_steps:
             plan = step.plan
-            step.dispatches = []
+            dispatches[step.index] = mine = []
             for i, p in enumerate(plan.passes):
                 if min(p.dispatch) <= 0:
                     continue
@@ -617,8 +459,8 @@ def prepare_graph(device, gplan: GraphPlan, res: SessionResources, constants: Ma
                 # the raw handles ride along for GpuDevice.submit's direct path
                 cmd = ("dispatch", compiled, bg, tuple(int(d) for d in p.dispatch),
                        f"{step.label}/{p.id}", (compiled.pipeline._internal, bg._internal))
-                (hoisted if i < step.hoisted else step.dispatches).append(cmd)
-        prologue = [c for st in gplan.prologue or () for c in st.dispatches] + hoisted
+                (hoisted if i < step.hoisted else mine).append(cmd)
+        prologue = [c for st in gplan.prologue for c in dispatches[st.index]] + hoisted
         if prologue:  # constants computed on the device, once per plan
             device.submit(prologue, label="plan constants")
             stats.submits += 1
@@ -627,37 +469,32 @@ def prepare_graph(device, gplan: GraphPlan, res: SessionResources, constants: Ma
         for buf in created:
             _destroy(buf)
         raise
-    gplan.once_buffers = once_buffers
-    gplan.slots = slots
-    gplan.uniform = uniform
-    gplan.fold_buffers = fold_buffers
-    gplan.readback_layouts = {}
-    gplan.programs = {}
-    gplan.prepared = True
+    return PreparedGraph(gplan, slots, uniform, fold_buffers, once_buffers, dispatches)
 
 
-def release_graph(gplan: GraphPlan) -> None:
-    """Free a plan's buffers (pooled, folded, uniform, staging); the pipelines stay cached."""
-    if not gplan.prepared:
+def release_graph(prep: PreparedGraph | None) -> None:
+    """Free a prepared plan's buffers (pooled, folded, once-per-plan, uniform, staging) and
+    forget its commands; the pipelines stay cached on the device. Releasing twice is harmless."""
+    if prep is None or prep.released:
         return
-    for buf in (list(gplan.slots or []) + list((gplan.fold_buffers or {}).values())
-                + list((gplan.once_buffers or {}).values()) + [gplan.uniform, gplan.staging]):
+    for buf in (list(prep.slots) + list(prep.fold_buffers.values()) + list(prep.once_buffers.values())
+                + [prep.uniform, prep.staging]):
         if buf is not None:
             _destroy(buf)
-    gplan.slots = gplan.uniform = gplan.staging = gplan.fold_buffers = gplan.once_buffers = None
-    gplan.staging_size = 0
-    for step in gplan.gpu_steps:
-        step.dispatches = None
-    gplan.programs = None
-    gplan.prepared = False
+    prep.slots, prep.fold_buffers, prep.once_buffers = [], {}, {}
+    prep.uniform = prep.staging = None
+    prep.staging_size = 0
+    prep.dispatches, prep.programs, prep.readback_layouts = {}, {}, {}
+    prep.released = True
 
 
-def _readback_layout(gplan: GraphPlan, wanted_roots: frozenset[str]) -> dict[int, list[tuple[str, int, int]]]:
+def _readback_layout(prep: PreparedGraph, wanted_roots: frozenset[str]) -> dict[int, list[tuple[str, int, int]]]:
     """Per segment: the GPU-produced roots to copy into the staging buffer (those host nodes
     read and the requested outputs), at which offsets. The staging buffer is reused by every
     segment (each maps and unmaps it before the next records anything)."""
+    gplan = prep.plan
     key = tuple(sorted(wanted_roots))
-    layout = gplan.readback_layouts.get(key) if gplan.readback_layouts is not None else None
+    layout = prep.readback_layouts.get(key)
     if layout is not None:
         return layout
     layout = {}
@@ -672,13 +509,13 @@ def _readback_layout(gplan: GraphPlan, wanted_roots: frozenset[str]) -> dict[int
                     entries.append((root, offset, n))
                     offset += n
         layout[seg.index] = entries
-    gplan.readback_layouts[key] = layout
+    prep.readback_layouts[key] = layout
     return layout
 
 
 def run_graph(
     device,
-    gplan: GraphPlan,
+    prep: PreparedGraph,
     res: SessionResources,
     feeds: Mapping[str, Any],
     host_values: dict[str, Any],
@@ -688,7 +525,7 @@ def run_graph(
     kept_roots: frozenset[str] = frozenset(),
     profiler: Any = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Run a prepared plan. ``host_values`` starts with the feeds, initializers, constants and
+    """Run a prepared plan (``prep``, :func:`prepare_graph`). ``host_values`` starts with the feeds, initializers, constants and
     folded values; host nodes' outputs and the values read back are added to it. ``run_host(step,
     values) -> list of arrays`` runs one host node. Returns (``host_values``, the device buffers
     of ``kept_roots``: GPU-produced roots copied device-to-device into a fresh buffer each, for
@@ -703,13 +540,16 @@ def run_graph(
     buffer right after the node that produced it.
     """
     stats = res.stats
-    layout = _readback_layout(gplan, wanted_roots)
+    gplan = prep.plan
+    if prep.released:
+        raise ExecutionError("the plan's device state was released")
+    layout = _readback_layout(prep, wanted_roots)
     need = max((sum(n for _, _, n in entries) for entries in layout.values()), default=0)
-    if need > gplan.staging_size:
-        if gplan.staging is not None:
-            _destroy(gplan.staging)
-        gplan.staging = res.allocate(need, label="read-back staging", kind="staging")
-        gplan.staging_size = gplan.staging.size
+    if need > prep.staging_size:
+        if prep.staging is not None:
+            _destroy(prep.staging)
+        prep.staging = res.allocate(need, label="read-back staging", kind="staging")
+        prep.staging_size = prep.staging.size
 
     def upload_root(name: str, arr: np.ndarray) -> None:
         r = gplan.roots[name]
@@ -719,7 +559,7 @@ def run_graph(
         if r.shape is not None and tuple(arr.shape) != tuple(r.shape) or n > max(4, r.nbytes):
             raise ExecutionError(f"value {name!r}: the plan expects {r.onnx_type} {list(r.shape or ())}, "
                                  f"found {arr.dtype} {list(arr.shape)}")
-        res.upload(gplan.slots[gplan.slot_of[name]], data)
+        res.upload(prep.slots[gplan.slot_of[name]], data)
 
     # every feed a GPU node reads, before the first encoder: host arrays written now, device
     # values copied at the head of the first segment; a device value a host node reads comes back
@@ -730,7 +570,7 @@ def run_graph(
         value = feeds[name]
         if isinstance(value, DeviceValue):
             if r.on_device:
-                pending.append(("copy", value.buffer, 0, gplan.slots[gplan.slot_of[name]], 0, max(4, r.nbytes)))
+                pending.append(("copy", value.buffer, 0, prep.slots[gplan.slot_of[name]], 0, max(4, r.nbytes)))
             if r.on_host:
                 host_values[name] = value.numpy()
                 stats.readbacks += 1
@@ -746,7 +586,7 @@ def run_graph(
             t0 = profiler.now_us() if profiler is not None else 0.0
             seen = host_values
             if step.device_inputs:  # views of pooled buffers, never kept in host_values (slots are reused)
-                seen = ChainMap({r: DeviceValue.borrowed(device, gplan.slots[gplan.slot_of[r]], gplan.roots[r].onnx_type,
+                seen = ChainMap({r: DeviceValue.borrowed(device, prep.slots[gplan.slot_of[r]], gplan.roots[r].onnx_type,
                                                          gplan.roots[r].shape) for r in step.device_inputs}, host_values)
             outs = run_host(step, seen)
             if profiler is not None:
@@ -762,16 +602,16 @@ def run_graph(
         t_encode = time.perf_counter()
         entries = layout.get(seg.index, [])
         total = sum(n for _, _, n in entries)
-        read, read_size, label = (gplan.staging if total else None), (total or None), f"segment {seg.index}"
-        cached = gplan.programs.get((seg.index, program_key)) if not (pending or profiler) else None
+        read, read_size, label = (prep.staging if total else None), (total or None), f"segment {seg.index}"
+        cached = prep.programs.get((seg.index, program_key)) if not (pending or profiler) else None
         if cached is None:
-            groups = _segment_groups(gplan, seg, entries, kept_roots, pending, res, kept)
+            groups = _segment_groups(prep, seg, entries, kept_roots, pending, res, kept)
             pending = []
             flat = [c for _, cmds in groups for c in cmds]
             cached = (compact_program(flat) if device.raw_recording else flat,
                       sum(1 for c in flat if c[0] == "dispatch" and min(c[3]) > 0))
             if not kept_roots.intersection(r for st in seg.steps for r in st.outputs) and profiler is None:
-                gplan.programs[(seg.index, program_key)] = cached  # the same every run: build it once
+                prep.programs[(seg.index, program_key)] = cached  # the same every run: build it once
         flat, n_dispatches = cached
         stats.dispatches += n_dispatches
         if profiler is not None:
@@ -797,7 +637,7 @@ def run_graph(
 
 
 
-def _segment_groups(gplan: GraphPlan, seg: Segment, entries: list, kept_roots: frozenset[str], pending: list,
+def _segment_groups(prep: PreparedGraph, seg: Segment, entries: list, kept_roots: frozenset[str], pending: list,
                     res: SessionResources, kept: dict[str, Any]) -> list[tuple[GpuStep, list[tuple]]]:
     """A segment's commands per GPU step: ``pending`` copies (device feeds) first, each step's
     dispatches, then the copies of what it produced into the read-back staging buffer (``entries``)
@@ -805,15 +645,15 @@ def _segment_groups(gplan: GraphPlan, seg: Segment, entries: list, kept_roots: f
     offsets = {root: (off, n) for root, off, n in entries}
     groups: list[tuple[GpuStep, list[tuple]]] = []
     for gs in seg.steps:
-        cmds = pending + list(gs.dispatches)
+        cmds = pending + list(prep.dispatches[gs.index])
         pending = []
         for root in gs.outputs:
-            src = gplan.slots[gplan.slot_of[root]] if root in offsets or root in kept_roots else None
+            src = prep.slots[prep.plan.slot_of[root]] if root in offsets or root in kept_roots else None
             if root in offsets:
                 off, n = offsets[root]
-                cmds.append(("copy", src, 0, gplan.staging, off, n))
+                cmds.append(("copy", src, 0, prep.staging, off, n))
             if root in kept_roots:
-                n = max(4, gplan.roots[root].nbytes)
+                n = max(4, prep.plan.roots[root].nbytes)
                 kept[root] = res.allocate(n, label=f"kept output {root}")
                 cmds.append(("copy", src, 0, kept[root], 0, n))
         groups.append((gs, cmds))

@@ -1,169 +1,222 @@
-"""The graph compiler's phases: from the inferred model (every value's TensorInfo for one binding
-of input shapes) and the device's facts to a :class:`~onnx_quant.backend_wgpu.executor.GraphPlan`.
+"""The graph compiler: :func:`compile`, a pure function from the rewritten model (with what
+construction decided of each node), the device's facts (limits and features as plain data, never a
+live device) and the options to a frozen :class:`~onnx_quant.backend_wgpu.plan.GraphPlan` for one
+binding of input shapes, plus the host-fallback decisions as data. No Session, no device: every
+phase is a function over plain data, tested on the CPU (tests/backend/test_graph_plan.py,
+test_compile.py). ``Session`` keeps the plan cache and the warn-or-refuse policy; the executor
+(executor.py) prepares and runs the plan; neither this module nor the executor imports the other.
 
-Each phase is a function over plain data — node records, inferred values, kernel plans, device
-limits as numbers — never a live device, so each is tested on the CPU
-(tests/backend/test_graph_plan.py). ``Session._build_plan`` runs them in this order:
+The phases, in the order :func:`compile` runs them:
 
-0. :func:`value_keyed_inputs` — the small integer graph inputs whose contents the plan needs
-   (the plan is then keyed on their values and inference folds what follows from them);
-
-1. :func:`place` — per node: a Constant (``const``), a value inference computed (``fold``: shape
-   arithmetic on small integers), a view of its input (``view``), or what construction decided
-   (``gpu`` with a kernel spec, ``host``);
-2. :func:`live_nodes` — only nodes some graph output depends on run;
-3. kernel planning (``Session._plan_gpu``, the planner: a node no variant takes goes to the host);
+0. :func:`infer_binding` — inference fixes every value's type and shape for the binding (for a
+   run, the user's model inferred strictly where values stay unknown: :func:`check_shapes_fit`);
+   :func:`value_keyed_inputs` — the small integer graph inputs whose contents the plan needs (the
+   plan is then keyed on their values and inference folds what follows from them);
+1. :func:`placement.place` — per node: constant, folded, view, or what construction decided;
+2. :func:`placement.live_nodes` — only nodes some graph output depends on run;
+3. :func:`plan_kernels` — the planner per live GPU node (a node no variant takes goes to the host,
+   a :class:`HostNode` with ``declined``);
 4. :func:`value_roots` — every value a buffer holds (its *root*) and the views aliasing them;
 5. :func:`constant_nodes` — GPU nodes of constants only, moved to the plan's prologue (run once
    per plan, not per run);
 6. :func:`schedule` — segments of GPU steps (one encoder and one submit each), cut only where a
-   host node reads what the open segment produces; the uniform regions;
+   host node reads what the open segment produces; the uniform regions; the uploads;
 7. :func:`assign_memory` — value lifetimes and the pooled buffers that hold them;
-8. :func:`placement_report` — per node what ran where and why (``explain``).
+8. :func:`placement.placement_report` — per node what ran where and why (``explain``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import helper
 
-from onnx_quant.backend_wgpu.executor import (
-    GpuStep, HostStep, Lifetime, RootValue, Segment, assign_buffers,
-)
+from onnx_quant.backend_wgpu import data_dependent as dd
+from onnx_quant.backend_wgpu.device_info import DeviceInfo
+from onnx_quant.backend_wgpu.graph_index import attributes, concrete
 from onnx_quant.backend_wgpu.packing import device_nbytes
-from onnx_quant.dtypes import element_type, type_name
-from onnx_quant.errors import ExecutionError, QuantError
-
-DEFAULT_DOMAINS = ("", "ai.onnx")
-
-#: ops that run as a view of their input's buffer (no kernel, no copy)
-VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
-
-#: ops whose integer outputs are folded into the plan when shape inference computed them
-#: (shape arithmetic: Shape -> Gather -> Concat -> Reshape and the like)
-FOLD_OPS = frozenset({
-    "Shape", "Size", "Gather", "Concat", "Slice", "Squeeze", "Unsqueeze", "Reshape", "Flatten",
-    "Identity", "Cast", "Add", "Sub", "Mul", "Div", "Mod", "Max", "Min", "Neg", "Abs", "Range", "ConstantOfShape",
-    "Expand", "Split", "Transpose", "Tile", "Equal", "Less", "Greater", "Where", "Not", "And", "Or",
-    "ReduceProd", "ReduceSum", "ReduceMax", "ReduceMin",
-})
-FOLD_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.BOOL})
-
-#: what placement says of an If / Loop (control_flow.py)
-CONTROL_WHY = "control flow: the host reads the condition and runs the chosen body on the GPU"
-#: what placement says of NonZero's region (data_dependent.py)
-SYNC_WHY = ("data-dependent size: the host reads back NonZero's count, then the nodes that read its output "
-            "run on the GPU as a session planned for that count")
-#: what placement_report says of a node that runs no kernel
-PLACEMENT_WHY = {"view": "a view of its input's buffer", "const": "a Constant, uploaded once per session",
-                 "control": CONTROL_WHY, "sync": SYNC_WHY,
-                 "fold": "computed by shape inference for these input shapes",
-                 "unused": "no graph output depends on it"}
+from onnx_quant.backend_wgpu.placement import (
+    ModelFacts, NodeInfo, classify, live_nodes, node_overrides, op_name, place, placement_report,
+)
+from onnx_quant.backend_wgpu.plan import GpuStep, GraphPlan, HostStep, Lifetime, RootValue, Segment
+from onnx_quant.backend_wgpu.planner import plan_node
+from onnx_quant.backend_wgpu.verdict import onnx_type
+from onnx_quant.errors import ExecutionError, InferenceError, KernelRejected, QuantError
+from onnx_quant.inference import infer_values
 
 
-@dataclass
-class NodeInfo:
-    """A node and what Session construction decided about it."""
+# ----------------------------------------------------------------------------- the compiler's input
+
+
+@dataclass(frozen=True)
+class ModelGraph:
+    """What the compiler reads of one model for every binding (:func:`model_graph`): the
+    rewritten model, the model as given (inferred strictly where values stay unknown), every
+    node's construction-time placement, the graph inputs (no initializers), initializer names,
+    graph outputs, and the NonZeros in their padded form (data_dependent.py)."""
+
+    model: onnx.ModelProto
+    source_model: onnx.ModelProto
+    nodes: tuple[NodeInfo, ...]
+    inputs: tuple[str, ...]
+    initializers: tuple[str, ...]
+    outputs: tuple[str, ...]
+    nonzeros: tuple[Any, ...] = ()
+
+
+def model_graph(rewritten: Any, source_model: onnx.ModelProto, specs: Any,
+                initializers: Mapping[str, np.ndarray]) -> ModelGraph:
+    """The compiler's input from the construction phases' result (rewrites.Rewritten), the model
+    as given, the kernel registry and the initializers' arrays: every node classified
+    (placement.classify)."""
+    model = rewritten.model
+    facts = ModelFacts(rewritten.static_values, specs, rewritten.fused_units, rewritten.nonzero_declined,
+                       initializers)
+    return ModelGraph(model, source_model, tuple(classify(model, facts)),
+                      tuple(vi.name for vi in model.graph.input if vi.name not in initializers),
+                      tuple(initializers), tuple(vi.name for vi in model.graph.output), tuple(rewritten.nonzeros))
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """``tunables``: ``{name: int}`` for every kernel that has it, or ``{node or op type: {name:
+    int}}``; ``variants``: ``{node or op type: variant id}`` forces a variant."""
+
+    tunables: Mapping[str, Any] = field(default_factory=dict)
+    variants: Mapping[str, str] = field(default_factory=dict)
+
+
+def device_facts(device: DeviceInfo | Mapping[str, Any]) -> DeviceInfo:
+    """Device facts as the planner reads them: a DeviceInfo as is, or a plain dict with
+    ``limits`` (WebGPU names), ``features`` and optionally ``name`` / ``backend``."""
+    if isinstance(device, DeviceInfo):
+        return device
+    return DeviceInfo(name=str(device.get("name", "device facts")), backend=str(device.get("backend", "none")),
+                      limits=dict(device.get("limits", {})), features=frozenset(device.get("features", ())))
+
+
+@dataclass(frozen=True)
+class HostNode:
+    """A live node the plan runs on the host: why, and whether kernel planning ``declined`` it
+    for these shapes (construction had placed it on the GPU)."""
 
     index: int
-    label: str
-    node: onnx.NodeProto
-    domain: str
-    version: int
-    spec: Any                 # the KernelSpec that takes the node, or None
-    kind: str                 # "gpu" | "host" | "view" | "const" | "control" (If / Loop: control_flow.py)
-    #                           | "sync" (NonZero's region: data_dependent.py)
-    reason: str               # why not "gpu" (empty for gpu nodes)
-    implicit: tuple[str, ...]  # outer-scope names its subgraphs read
-    #: a "sync" step's inputs read on the host (NonZero's counts); its other GPU-made inputs stay on the device
-    host_reads: tuple[str, ...] = ()
+    reason: str
+    declined: bool = False
 
 
-@dataclass
-class Placement:
-    """Phase 1's result: per node index its kind and why it is not on the GPU, and the values
-    folded per node."""
+@dataclass(frozen=True)
+class Compiled:
+    """:func:`compile`'s result: the plan; the host nodes in graph order (what the Session's
+    warn-or-refuse policy reads); inference's values for the binding (name -> TensorInfo: the
+    host nodes' output sizes); ``keyed``: the inputs phase 0 keyed the plan on (empty unless it did)."""
 
-    kinds: dict[int, str]
-    reasons: dict[int, str]
-    folded_by_node: dict[int, dict[str, np.ndarray]]
+    plan: GraphPlan
+    host: tuple[HostNode, ...]
+    values: Mapping[str, Any]
+    keyed: tuple[str, ...] = ()
 
 
-# ----------------------------------------------------------------------------- small helpers
+def shape_key(shapes: Mapping[str, Sequence[int]]) -> tuple:
+    """The part of a plan's key its input shapes make."""
+    return tuple(sorted((k, tuple(int(d) for d in v)) for k, v in shapes.items()))
 
 
-def onnx_type(code: int) -> str | None:
-    """The element type name of a TensorProto code, or None when the backend has no such type."""
-    if not code:
-        return None
+def value_key(keyed: Sequence[str], given: Mapping[str, np.ndarray]) -> tuple:
+    """The part of a plan's key that the contents of its value-keyed inputs make."""
+    return tuple((n, given[n].dtype.str, given[n].tobytes()) for n in keyed if n in given)
+
+
+# ----------------------------------------------------------------------------- compile
+
+
+def compile(graph: ModelGraph, device: DeviceInfo | Mapping[str, Any], shapes: Mapping[str, Sequence[int]], *,
+            options: CompileOptions = CompileOptions(), input_values: Mapping[str, np.ndarray] | None = None,
+            feeds: Mapping[str, Any] | None = None, key: tuple | None = None) -> Compiled:
+    """The plan for one binding of input ``shapes`` (and of the contents of the inputs in
+    ``input_values``; given ``feeds``, phase 0 may key the plan on the contents of small integer
+    inputs it needs). ``key``: the plan's key (default: the shapes'); phase 0 extends it with the
+    values it keys on. Raises ExecutionError for inputs the model cannot take, a forced variant
+    that does not apply, a tensor beyond the device's limits; never warns, never refuses a host
+    node (the caller's policy, over :attr:`Compiled.host`)."""
+    device = device_facts(device)
+    shapes = {k: tuple(v) for k, v in shapes.items()}
+    key = shape_key(shapes) if key is None else key
+    input_values = dict(input_values or {})
+    values = infer_binding(graph, shapes, input_values)
+    if feeds is not None and any(info.elem_type == 0 or info.shape is None for info in values.values()):
+        check_shapes_fit(graph.source_model, shapes, input_values)  # a run refuses them; explain lists what they leave
+    keyed: tuple[str, ...] = ()
+    if not input_values and feeds is not None:
+        wanted = value_keyed_inputs(graph.nodes, values, graph.inputs)
+        given = {n: feeds[n] for n in wanted if isinstance(feeds.get(n), np.ndarray)}
+        if wanted and len(given) == len(wanted):
+            keyed, key, input_values = wanted, key + value_key(wanted, given), given
+            values = infer_binding(graph, shapes, input_values)
+    placed = place(graph.nodes, values)
+    live = live_nodes(graph.nodes, placed.kinds, graph.outputs)
+    folded = {k: v for i, fv in placed.folded_by_node.items() if i in live for k, v in fv.items()}
+    plans, kinds, reasons, declined = plan_kernels(graph.nodes, live, placed, values, device, options)
+    host = tuple(HostNode(i.index, reasons.get(i.index, i.reason), i.index in declined) for i in graph.nodes
+                 if i.index in live and kinds[i.index] == "host")
+    plan = lay_out(graph, key, shapes, live, kinds, reasons, plans, values, folded, device)
+    return Compiled(plan, host, values, keyed)
+
+
+def lay_out(graph: ModelGraph, key: tuple, shapes: Mapping[str, tuple], live: set[int], kinds: Mapping[int, str],
+            reasons: Mapping[int, str], plans: Mapping[int, Any], values: Mapping[str, Any],
+            folded: Mapping[str, np.ndarray], device: DeviceInfo) -> GraphPlan:
+    """Phases 4-8: roots, constants once, the schedule, memory and the placement report."""
+    nodes = graph.nodes
+    roots, alias = value_roots(nodes, kinds, live, values, graph.inputs, graph.initializers, graph.outputs)
+    once, roots = constant_nodes(nodes, kinds, live, roots, alias, graph.outputs)
+    ualign = int(device.limits.get("minUniformBufferOffsetAlignment", 256)) or 256
+    sched = schedule(nodes, kinds, live, plans, roots, alias, once, reasons, values, ualign)
+    cap = int(device.limits.get("maxBufferSize", 2**62))
+    lifetimes, slot_of, slot_sizes = assign_memory(sched.roots, sched, cap, shapes)
+    return GraphPlan(key=key, roots=sched.roots, alias=alias, schedule=sched.steps,
+                     placement=placement_report(nodes, kinds, live, reasons), lifetimes=tuple(lifetimes),
+                     slot_of=slot_of, slot_sizes=tuple(slot_sizes), uniform_regions=sched.uniform_regions,
+                     uniform_size=sched.uniform_size, folded=dict(folded), prologue=sched.prologue)
+
+
+# ----------------------------------------------------------------------------- 0. inference
+
+
+def infer_binding(graph: ModelGraph, shapes: Mapping[str, tuple], input_values: Mapping[str, np.ndarray]) -> dict:
+    """Every value's TensorInfo at these shapes (and input contents): the rewritten model inferred
+    as the runtimes compute it (a graph output whose declared shape contradicts what the model
+    computes gets the computed one, as onnxruntime does), the padded NonZero outputs completed."""
     try:
-        return element_type(code).name
+        values = infer_values(graph.model, {k: list(v) for k, v in shapes.items()}, strict=False,
+                              input_values=dict(input_values) or None, declared_outputs_win=False,
+                              runtime=True)
+    except QuantError as e:
+        raise ExecutionError(f"shape inference for input shapes {dict(shapes)} failed: {e}") from None
+    dd.capacity_values(list(graph.nonzeros), values)  # the padded NonZero outputs inference does not know
+    return values
+
+
+def check_shapes_fit(source_model: onnx.ModelProto, shapes: Mapping[str, tuple],
+                     input_values: Mapping[str, np.ndarray]) -> None:
+    """Where values stay unknown at these shapes, the user's model as given is inferred
+    strictly at them: a rule they break (an Add whose inputs no longer broadcast at an image
+    size the model was not made for) is the error, naming the user's node and the rule rather
+    than a fused op downstream whose type is unknown."""
+    try:
+        infer_values(source_model, {k: list(v) for k, v in shapes.items()}, strict=True,
+                     input_values=dict(input_values) or None, declared_outputs_win=False, runtime=True)
+    except InferenceError as e:
+        if e.rule != "output-type":  # a declaration the graph contradicts is not the shapes' fault
+            given = ", ".join(f"{k} {list(v)}" for k, v in shapes.items())
+            raise ExecutionError(f"the input shapes ({given}) do not fit the model: {e}") from None
     except QuantError:
-        return None
-
-
-def concrete(shape: Any) -> tuple[int, ...] | None:
-    if shape is None or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
-        return None
-    return tuple(int(d) for d in shape)
-
-
-def attributes(node: onnx.NodeProto) -> dict[str, Any]:
-    """A node's attributes as onnx.helper.get_attribute_value gives them, bytes decoded."""
-    out: dict[str, Any] = {}
-    for a in node.attribute:
-        v = helper.get_attribute_value(a)
-        if isinstance(v, bytes):
-            v = v.decode("utf-8", "replace")
-        elif isinstance(v, list):
-            v = [x.decode("utf-8", "replace") if isinstance(x, bytes) else x for x in v]
-        out[a.name] = v
-    return out
-
-
-def subgraph_reads(node: onnx.NodeProto) -> set[str]:
-    """Outer-scope names the node's subgraphs (If/Loop/Scan bodies) read."""
-    names: set[str] = set()
-    for a in node.attribute:
-        if a.type == onnx.AttributeProto.GRAPH:
-            names.update(free_names(a.g))
-        elif a.type == onnx.AttributeProto.GRAPHS:
-            for g in a.graphs:
-                names.update(free_names(g))
-    return names
-
-
-def with_nested(nodes: Sequence[onnx.NodeProto]) -> list[onnx.NodeProto]:
-    """The nodes and those of their subgraphs, at any depth."""
-    out, todo = [], list(nodes)
-    while todo:
-        n = todo.pop()
-        out.append(n)
-        for a in n.attribute:
-            todo += list(a.g.node) + [m for g in a.graphs for m in g.node]
-    return out
-
-
-def free_names(graph: onnx.GraphProto) -> list[str]:
-    """Outer-scope names a (sub)graph reads, in first-use order: its nodes' inputs, its nested
-    bodies' reads, and outputs it passes through from outside."""
-    defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
-    defined |= {s.values.name for s in graph.sparse_initializer}
-    free: dict[str, None] = {}
-    for n in graph.node:
-        for x in list(n.input) + sorted(subgraph_reads(n)):
-            if x and x not in defined:
-                free[x] = None
-        defined |= {o for o in n.output if o}
-    for o in graph.output:
-        if o.name not in defined:
-            free[o.name] = None
-    return list(free)
+        pass  # not a shape rule: planning goes on and says what it cannot do
 
 
 # ----------------------------------------------------------------------------- 0. plan-time values
@@ -246,118 +299,65 @@ def _constant_input_names(info: NodeInfo) -> list[str]:
     return [names[d.index] for d in info.spec.inputs.values() if d.constant and d.index < len(names) and names[d.index]]
 
 
-# ----------------------------------------------------------------------------- 1. place
+# ----------------------------------------------------------------------------- 3. kernels
 
 
-def may_fold(info: NodeInfo, elem_of: Callable[[str], int]) -> bool:
-    """Whether plans may compute the node's outputs by shape inference (small integers)."""
-    outs = [o for o in info.node.output if o]
-    return (info.domain in DEFAULT_DOMAINS and info.node.op_type in FOLD_OPS and bool(outs)
-            and all(elem_of(o) in FOLD_TYPES for o in outs))
-
-
-def folded_outputs(info: NodeInfo, values: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
-    """The node's outputs, when shape inference computed them as small integer constants."""
-    node = info.node
-    if info.domain not in DEFAULT_DOMAINS or node.op_type not in FOLD_OPS:
-        return None
-    outs = [o for o in node.output if o]
-    if not outs:
-        return None
-    folded = {}
-    for o in outs:
-        v = values.get(o)
-        if v is None or v.elem_type not in FOLD_TYPES or v.value is None:
-            if node.op_type in ("Shape", "Size") and v is not None:
-                computed = shape_value(node, values)
-                if computed is not None:
-                    folded[o] = computed
-                    continue
-            return None
-        arr = np.asarray(v.value)
-        if arr.dtype.kind == "O" or concrete(v.shape) is None or tuple(arr.shape) != concrete(v.shape):
-            return None
-        folded[o] = arr.astype(element_type(v.elem_type).dtype)
-    return folded
-
-
-def shape_value(node: onnx.NodeProto, values: Mapping[str, Any]) -> np.ndarray | None:
-    """Shape / Size of an input whose shape is concrete for this binding."""
-    src = values.get(node.input[0]) if node.input else None
-    shape = concrete(None if src is None else src.shape)
-    if shape is None:
-        return None
-    if node.op_type == "Size":
-        return np.array(math.prod(shape), dtype=np.int64)
-    attrs = attributes(node)
-    r = len(shape)
-    start, end = int(attrs.get("start", 0)), attrs.get("end")
-    end = r if end is None else int(end)
-    start, end = (start + r if start < 0 else start), (end + r if end < 0 else end)
-    start, end = min(max(start, 0), r), min(max(end, 0), r)
-    return np.array(shape[start:end], dtype=np.int64)
-
-
-def view_rejects(info: NodeInfo, values: Mapping[str, Any]) -> str | None:
-    """Why a view op cannot be a view of its input's buffer here (None: it can)."""
-    src, dst = values.get(info.node.input[0]), values.get(info.node.output[0])
-    if src is None or dst is None or not src.elem_type or src.elem_type != dst.elem_type:
-        return "input and output element types differ or are unknown"
-    s_in, s_out = concrete(src.shape), concrete(dst.shape)
-    if s_in is None or s_out is None:
-        return "shapes are not known for these input shapes"
-    if math.prod(s_in) != math.prod(s_out):
-        return f"{list(s_in)} and {list(s_out)} hold different numbers of elements"
-    if onnx_type(src.elem_type) is None:
-        return f"element type {type_name(src.elem_type)} has no device layout"
-    return None
-
-
-def place(nodes: Sequence[NodeInfo], values: Mapping[str, Any]) -> Placement:
-    kinds: dict[int, str] = {}
-    reasons: dict[int, str] = {}
-    folded_by_node: dict[int, dict[str, np.ndarray]] = {}
+def plan_kernels(nodes: Sequence[NodeInfo], live: set[int], placed: Any, values: Mapping[str, Any],
+                 device: DeviceInfo, options: CompileOptions
+                 ) -> tuple[dict[int, Any], dict[int, str], dict[int, str], set[int]]:
+    """A kernel plan per live GPU node: (plans, kinds and reasons with the nodes no variant takes
+    moved to the host, the indices of those declined nodes)."""
+    kinds, reasons = dict(placed.kinds), dict(placed.reasons)
+    plans: dict[int, Any] = {}
+    declined: set[int] = set()
     for info in nodes:
-        if info.kind == "const":
-            kinds[info.index] = "const"
+        if info.index not in live or kinds[info.index] != "gpu":
             continue
-        fv = folded_outputs(info, values)
-        if fv is not None:
-            kinds[info.index] = "fold"
-            folded_by_node[info.index] = fv
-            continue
-        if info.kind == "view":
-            why = view_rejects(info, values)
-            if why is None:
-                kinds[info.index] = "view"
-                continue
-            kinds[info.index] = "gpu" if info.spec is not None else "host"
-            reasons[info.index] = why if info.spec is not None else f"not a view: {why}; {info.reason}"
-            continue
-        kinds[info.index] = info.kind
-        reasons[info.index] = info.reason
-    return Placement(kinds, reasons, folded_by_node)
+        plan, why = plan_kernel(info, values, device, options)
+        if plan is None:
+            kinds[info.index], reasons[info.index] = "host", why
+            declined.add(info.index)
+        else:
+            plans[info.index] = plan
+    return plans, kinds, reasons, declined
 
 
-# ----------------------------------------------------------------------------- 2. liveness
-
-
-def live_nodes(nodes: Sequence[NodeInfo], kinds: Mapping[int, str], outputs: Sequence[str]) -> set[int]:
-    """Nodes some graph output depends on (folded and constant nodes read nothing at run time)."""
-    needed = set(outputs)
-    live: set[int] = set()
-    for info in reversed(nodes):
-        if not any(o in needed for o in info.node.output if o):
-            continue
-        live.add(info.index)
-        k = kinds[info.index]
-        if k in ("const", "fold"):
-            continue
-        if k == "view":
-            needed.add(info.node.input[0])
-            continue
-        needed |= {i for i in info.node.input if i} | set(info.implicit)
-    return live
+def plan_kernel(info: NodeInfo, values: Mapping[str, Any], device: DeviceInfo, options: CompileOptions):
+    """(NodePlan, '') or (None, why the node runs on the host): the planner over the node's
+    inferred types and shapes and its kernel's constant inputs. A forced variant that does not
+    apply, and every planning error but a kernel's rejection (a tensor beyond the device's
+    limits, a uniform value out of range), are raised, not sent to the host."""
+    spec, node = info.spec, info.node
+    io_shapes: dict[str, tuple[int, ...]] = {}
+    io_types: dict[str, str] = {}
+    for spec_names, value_names in ((list(spec.inputs), list(node.input)), (list(spec.outputs), list(node.output))):
+        for i, sname in enumerate(spec_names):
+            vname = value_names[i] if i < len(value_names) else ""
+            if not vname:
+                continue  # an absent optional input or output (checked at construction)
+            v = values.get(vname)
+            shape = concrete(None if v is None else v.shape)
+            t = None if v is None else onnx_type(v.elem_type)
+            if shape is None or t is None:
+                return None, (f"the {'type' if t is None else 'shape'} of {vname!r} is not known for these "
+                              f"input shapes ({None if v is None else v.shape})")
+            io_shapes[sname] = shape
+            io_types[sname] = t
+    tun, variant = node_overrides(info, options.tunables, options.variants)
+    consts = {}
+    for d in spec.inputs.values():
+        vname = node.input[d.index] if d.constant and d.index < len(node.input) else ""
+        v = values.get(vname) if vname else None
+        if v is not None and v.value is not None:
+            consts[d.name] = np.asarray(v.value)
+    try:
+        plan = plan_node(spec, shapes=io_shapes, dtypes=io_types, device=device, tunables=tun, variant=variant,
+                         node_label=info.label, attributes=attributes(node), values=consts)
+    except KernelRejected as e:
+        if variant is not None:
+            raise
+        return None, e.reason
+    return plan, ""
 
 
 # ----------------------------------------------------------------------------- 4. roots
@@ -403,21 +403,24 @@ def value_roots(nodes: Sequence[NodeInfo], kinds: Mapping[int, str], live: set[i
     return roots, alias
 
 
+
 # ----------------------------------------------------------------------------- 5. constants once
 
 
 def constant_nodes(nodes: Sequence[NodeInfo], kinds: Mapping[int, str], live: set[int],
-                   roots: dict[str, RootValue], alias: Mapping[str, tuple], outputs: Sequence[str]) -> set[int]:
+                   roots: Mapping[str, RootValue], alias: Mapping[str, tuple], outputs: Sequence[str]
+                   ) -> tuple[set[int], dict[str, RootValue]]:
     """GPU nodes whose every input is an initializer, a Constant, a folded value or the output
     of another such node (the DequantizeLinear of a weight, a parameter pass over constant
     scales): they run once per plan, when it is prepared, into buffers of their own, and no run
-    repeats them. Their outputs' roots become ``once``. A node whose output a host node or the
-    caller reads back stays in the run (its value would otherwise have to be read back at
-    preparation)."""
+    repeats them. Returns (their indices, the roots with their outputs' origin ``once``). A node
+    whose output a host node or the caller reads back stays in the run (its value would otherwise
+    have to be read back at preparation)."""
     read_back = {alias[n][0] for n in outputs if n in alias}
     for info in nodes:
         if info.index in live and kinds[info.index] in ("host", "control", "sync"):
             read_back |= {alias[n][0] for n in list(info.node.input) + list(info.implicit) if n in alias}
+    roots = dict(roots)
     once: set[int] = set()
     constant = {"init", "const", "fold", "once"}
     for info in nodes:
@@ -430,32 +433,52 @@ def constant_nodes(nodes: Sequence[NodeInfo], kinds: Mapping[int, str], live: se
         if all(roots[alias[n][0]].origin in constant for n in ins) and not read_back & set(outs):
             once.add(info.index)
             for o in outs:
-                roots[o].origin = "once"
-    return once
+                roots[o] = dataclasses.replace(roots[o], origin="once")
+    return once, roots
 
 
 # ----------------------------------------------------------------------------- 6. schedule
 
 
-@dataclass
+@dataclass(frozen=True)
 class Schedule:
-    steps: list[Any]                 # Segment and HostStep in execution order
-    prologue: list[GpuStep]          # constants-only GPU steps, once per plan
-    uniform_regions: list[tuple[int, bytes]]
+    """Phase 6's result: the steps, the prologue, the uniform regions, and the roots with what
+    the schedule found (read on the device / on the host, producer position, segment, upload)."""
+
+    steps: tuple[Any, ...]                 # Segment and HostStep in execution order
+    prologue: tuple[GpuStep, ...]          # constants-only GPU steps, once per plan
+    uniform_regions: tuple[tuple[int, bytes], ...]
     uniform_size: int
+    roots: dict[str, RootValue]
 
 
-def _step_buffers(info: NodeInfo, plan: Any, root_of: Callable[[str], str], roots: dict[str, RootValue],
-                  uniforms: list, ualign: int) -> dict[str, tuple]:
-    """Where each of a GPU step's buffers lives (see ``GpuStep.buffers``); uniform regions are
-    appended to ``uniforms`` ([regions, size]) aligned to ``ualign``."""
+class _Uniforms:
+    """The plan's uniform buffer as it is laid out: (offset, bytes) regions aligned to ``align``."""
+
+    def __init__(self, align: int) -> None:
+        self.align, self.regions, self.size = align, [], 0
+
+    def add(self, byte_size: int, data: bytes | None) -> tuple[int, int]:
+        """(offset, size) of a new region for a uniform of ``byte_size`` (16-byte multiple) holding ``data``."""
+        size = max(16, -(-byte_size // 16) * 16)
+        offset = -(-self.size // self.align) * self.align
+        data = bytes(data or b"")
+        self.regions.append((offset, data + b"\0" * (size - len(data))))
+        self.size = offset + size
+        return offset, size
+
+
+def _step_buffers(info: NodeInfo, plan: Any, root_of: Callable[[str], str], on_device: set[str],
+                  uniforms: _Uniforms) -> dict[str, tuple]:
+    """Where each of a GPU step's buffers lives (see ``GpuStep.buffers``); the roots it reads are
+    added to ``on_device``, its uniform regions to ``uniforms``."""
     node, spec = info.node, info.spec
     where: dict[str, tuple] = {}
     absent = 0
     for bname, bp in plan.buffers.items():
         if bp.role == "input":
             r = root_of(node.input[list(spec.inputs).index(bname)])
-            roots[r].on_device = True
+            on_device.add(r)
             where[bname] = ("value", r)
         elif bp.role == "output":
             where[bname] = ("value", node.output[list(spec.outputs).index(bname)])
@@ -467,98 +490,153 @@ def _step_buffers(info: NodeInfo, plan: Any, root_of: Callable[[str], str], root
             where[bname] = ("absent", absent)
             absent += 1
         elif bp.role == "uniform":
-            size = max(16, -(-bp.byte_size // 16) * 16)
-            offset = -(-uniforms[1] // ualign) * ualign
-            data = bytes(bp.data or b"")
-            uniforms[0].append((offset, data + b"\0" * (size - len(data))))
-            uniforms[1] = offset + size
-            where[bname] = ("uniform", offset, size)
+            where[bname] = ("uniform", *uniforms.add(bp.byte_size, bp.data))
         else:  # pragma: no cover - planner contract
             raise ExecutionError(f"node {info.label!r}: buffer {bname}: unknown role {bp.role!r}")
     return where
 
 
-def schedule(nodes: Sequence[NodeInfo], kinds: Mapping[int, str], live: set[int], plans: Mapping[int, Any],
-             roots: dict[str, RootValue], alias: Mapping[str, tuple], once: set[int], reasons: Mapping[int, str],
-             op_name: Callable[[NodeInfo], str], ualign: int) -> Schedule:
-    """Segments of GPU steps in graph order, cut only where a host node reads a value the open
-    segment produces; host steps between them; the prologue of constant steps."""
+class _Scheduler:
+    """The running state of :func:`schedule`: closed steps, the open segment, what it found of
+    the roots (read on the device / on the host, producer position, producing segment)."""
 
-    def root_of(name: str) -> str:
-        if name not in alias:
+    def __init__(self, roots: Mapping[str, RootValue], alias: Mapping[str, tuple], ualign: int) -> None:
+        self.roots, self.alias = roots, alias
+        self.steps: list[Any] = []           # HostStep, or a closed segment's list of GpuSteps
+        self.prologue: list[GpuStep] = []
+        self.open: list[GpuStep] = []
+        self.open_produced: set[str] = set()
+        self.uniforms = _Uniforms(ualign)
+        self.pos = 0
+        self.on_device: set[str] = set()
+        self.on_host: set[str] = set()
+        self.producer_pos: dict[str, int] = {}
+        self.segment_of: dict[str, int] = {}
+        self.segments = 0
+
+    def root_of(self, name: str) -> str:
+        if name not in self.alias:
             raise ExecutionError(f"value {name!r} is read before any node produces it")
-        return alias[name][0]
+        return self.alias[name][0]
 
-    steps: list[Any] = []
-    prologue: list[GpuStep] = []
-    open_steps: list[GpuStep] = []
-    open_produced: set[str] = set()
-    uniforms: list[Any] = [[], 0]
-    pos = 0
-    segment_count = 0
-
-    def flush() -> None:
-        nonlocal open_steps, open_produced, segment_count
-        if open_steps:
-            steps.append(Segment(segment_count, open_steps, []))
-            for st in open_steps:
+    def flush(self) -> None:
+        """Close the open segment (its outputs' roots learn their segment)."""
+        if self.open:
+            self.steps.append(self.open)
+            for st in self.open:
                 for r in st.outputs:
-                    roots[r].segment = segment_count
-            segment_count += 1
-        open_steps, open_produced = [], set()
+                    self.segment_of[r] = self.segments
+            self.segments += 1
+        self.open, self.open_produced = [], set()
 
+    def gpu(self, info: NodeInfo, plan: Any, once: bool) -> None:
+        """A GPU step: into the prologue (``once``) or the open segment, its constant leading
+        passes hoisted."""
+        where = _step_buffers(info, plan, self.root_of, self.on_device, self.uniforms)
+        outs = tuple(o for o in info.node.output if o)
+        for o in outs:
+            self.producer_pos[o] = self.pos
+        if once:
+            self.prologue.append(GpuStep(info.index, info.label, op_name(info), self.pos, plan, where, outs))
+        else:
+            hoisted, where = hoist_constant_passes(plan, where, self.roots)
+            self.open.append(GpuStep(info.index, info.label, op_name(info), self.pos, plan, where, outs, hoisted))
+            self.open_produced |= set(outs)
+        self.pos += 1
+
+    def host(self, info: NodeInfo, kind: str, reason: str, values: Mapping[str, Any]) -> None:
+        """A host step (host, control or sync): its inputs read back or, for a sync step's
+        pooled ones, passed as device views; the open segment closed first if it makes one."""
+        node = info.node
+        reads = [n for n in dict.fromkeys(list(node.input) + list(info.implicit)) if n]
+        step_inputs = []
+        device_inputs: list[str] = []  # a sync step's pooled inputs (GPU-made, fed), passed as views of their buffers
+        for n in reads:
+            r = self.root_of(n)
+            origin = self.roots[r].origin
+            pooled = origin == "gpu" or (origin == "feed" and r in self.on_device)
+            if kind == "sync" and n not in info.host_reads and pooled:
+                device_inputs.append(r)
+            else:
+                self.on_host.add(r)
+            step_inputs.append((n, r, self.alias[n][1]))
+        if any(r in self.open_produced for _, r, _ in step_inputs):
+            self.flush()
+        outs = tuple(o for o in node.output if o)
+        types = tuple(getattr(values.get(o), "elem_type", 0) or 0 for o in outs)
+        self.steps.append(HostStep(info.index, info.label, op_name(info), tuple(step_inputs), outs, reason,
+                                   tuple(dict.fromkeys(device_inputs)), self.pos, types))
+
+    def finish(self) -> Schedule:
+        """The frozen schedule: segments with the uploads of the host values their steps read
+        first, the roots with what the walk found."""
+        self.flush()
+        upload_at: dict[str, int] = {}
+        k = 0
+        for s in self.steps:
+            if isinstance(s, list):
+                for st in s:
+                    for bname, where in st.buffers.items():
+                        if where[0] == "value" and st.plan.buffers[bname].role == "input":
+                            r = self.roots[where[1]]
+                            if r.origin == "host" and r.name in self.on_device:
+                                upload_at.setdefault(r.name, k)
+                k += 1
+        uploads: dict[int, list[str]] = {}
+        for name in self.roots:  # in root order, as the pool walks them
+            if name in upload_at:
+                uploads.setdefault(upload_at[name], []).append(name)
+        steps, k = [], 0
+        for s in self.steps:
+            if isinstance(s, list):
+                steps.append(Segment(k, tuple(s), tuple(uploads.get(k, ()))))
+                k += 1
+            else:
+                steps.append(s)
+        roots = {n: dataclasses.replace(r, on_device=n in self.on_device, on_host=n in self.on_host,
+                                        producer_pos=self.producer_pos.get(n, r.producer_pos),
+                                        segment=self.segment_of.get(n, r.segment),
+                                        upload_segment=upload_at.get(n, r.upload_segment))
+                 for n, r in self.roots.items()}
+        return Schedule(tuple(steps), tuple(self.prologue), tuple(self.uniforms.regions), self.uniforms.size, roots)
+
+
+def schedule(nodes: Sequence[NodeInfo], kinds: Mapping[int, str], live: set[int], plans: Mapping[int, Any],
+             roots: Mapping[str, RootValue], alias: Mapping[str, tuple], once: set[int], reasons: Mapping[int, str],
+             values: Mapping[str, Any], ualign: int) -> Schedule:
+    """Segments of GPU steps in graph order, cut only where a host node reads a value the open
+    segment produces; host steps between them (each with its outputs' element types from
+    ``values``); the prologue of constant steps; uniform regions aligned to ``ualign``; each host
+    value a GPU node reads uploaded before the first segment that reads it."""
+    run = _Scheduler(roots, alias, ualign)
     for info in nodes:
         if info.index not in live:
             continue
-        k, node = kinds[info.index], info.node
+        k = kinds[info.index]
         if k == "gpu":
-            where = _step_buffers(info, plans[info.index], root_of, roots, uniforms, ualign)
-            outs = tuple(o for o in node.output if o)
-            for o in outs:
-                roots[o].producer_pos = pos
-            step = GpuStep(info.index, info.label, op_name(info), pos, plans[info.index], where, outs)
-            if info.index in once:
-                prologue.append(step)
-            else:
-                step.hoisted = hoist_constant_passes(step, roots)
-                open_steps.append(step)
-                open_produced |= set(outs)
-            pos += 1
+            run.gpu(info, plans[info.index], info.index in once)
         elif k in ("host", "control", "sync"):
-            reads = [n for n in dict.fromkeys(list(node.input) + list(info.implicit)) if n]
-            step_inputs = []
-            on_device: list[str] = []  # a sync step's pooled inputs (GPU-made, fed), passed as views of their buffers
-            for n in reads:
-                r = root_of(n)
-                pooled = roots[r].origin == "gpu" or (roots[r].origin == "feed" and roots[r].on_device)
-                if k == "sync" and n not in info.host_reads and pooled:
-                    on_device.append(r)
-                else:
-                    roots[r].on_host = True
-                step_inputs.append((n, r, alias[n][1]))
-            if any(r in open_produced for _, r, _ in step_inputs):
-                flush()
-            steps.append(HostStep(info.index, info.label, op_name(info), step_inputs,
-                                  tuple(o for o in node.output if o), reasons.get(info.index, ""),
-                                  tuple(dict.fromkeys(on_device)), pos))
-    flush()
-    return Schedule(steps, prologue, uniforms[0], uniforms[1])
+            run.host(info, k, reasons.get(info.index, ""), values)
+    return run.finish()
 
 
-def hoist_constant_passes(step: GpuStep, roots: Mapping[str, RootValue]) -> int:
+def hoist_constant_passes(plan: Any, buffers: Mapping[str, tuple], roots: Mapping[str, RootValue]
+                          ) -> tuple[int, dict[str, tuple]]:
     """How many leading passes of a run step read only constants (initializers, Constants,
     folded values, outputs of once-per-plan nodes) and write only the node's scratch: such
     passes (QLinearConv's and QLinearMatMul's ``params`` over constant scales and zero points)
-    run once per plan, in the prologue. The scratch they write is kept for the plan's life
-    (``("kept", key)``), which needs that no later pass writes it."""
+    run once per plan, in the prologue. Returns (that count, the step's buffers with the scratch
+    those passes write kept for the plan's life: ``("kept", key)``, which needs that no later
+    pass writes it)."""
     constant = {"init", "const", "fold", "once"}
-    passes = step.plan.passes
+    passes = plan.passes
+    buffers = dict(buffers)
     k = 0
     for p in passes:
         ok = True
         for b in p.bindings:
-            where = step.buffers[b.buffer]
-            role = step.plan.buffers[b.buffer].role
+            where = buffers[b.buffer]
+            role = plan.buffers[b.buffer].role
             if role == "output" or (role == "input" and roots[where[1]].origin not in constant):
                 ok = False
                 break
@@ -566,45 +644,89 @@ def hoist_constant_passes(step: GpuStep, roots: Mapping[str, RootValue]) -> int:
             break
         k += 1
     if k == 0 or k == len(passes):
-        return 0  # nothing constant, or the whole node (constant_nodes' business)
+        return 0, buffers  # nothing constant, or the whole node (constant_nodes' business)
     written = {b.buffer for p in passes[:k] for b in p.bindings if b.access == "read_write"}
     if any(b.buffer in written and b.access == "read_write" for p in passes[k:] for b in p.bindings):
-        return 0
+        return 0, buffers
     for bname in written:
-        if step.buffers[bname][0] == "scratch":
-            step.buffers[bname] = ("kept", step.buffers[bname][1])
-    return k
+        if buffers[bname][0] == "scratch":
+            buffers[bname] = ("kept", buffers[bname][1])
+    return k, buffers
 
 
 # ----------------------------------------------------------------------------- 7. memory
 
+#: the smallest pooled buffer (bytes); tiny values (scales, zero points) share this class
+SIZE_CLASS_MIN = 256
 
-def assign_memory(roots: dict[str, RootValue], sched: Schedule, cap: int, shapes: Mapping[str, Any]
-                  ) -> tuple[list[Lifetime], dict[Any, int], list[int]]:
-    """Check every device value has a type and shape, schedule the uploads of host values the
-    GPU reads, and pool the buffers over the values' lifetimes (``assign_buffers``)."""
-    segments = [s for s in sched.steps if isinstance(s, Segment)]
+
+def size_class(nbytes: int, cap: int | None = None) -> int:
+    """The pooled-buffer size for a value of ``nbytes``: at least SIZE_CLASS_MIN, else the
+    next m * 2**k with m in 4..8 (four classes per octave, at most 25 % slack). ``cap`` (the
+    device's maxBufferSize) bounds the class, never below ``nbytes`` itself."""
+    n = max(4, (int(nbytes) + 3) // 4 * 4)
+    if n <= SIZE_CLASS_MIN:
+        cls = SIZE_CLASS_MIN
+    else:
+        k = n.bit_length() - 3
+        cls = ((n + (1 << k) - 1) >> k) << k
+    if cap is not None and cls > cap:
+        cls = max(n, cap)
+    return cls
+
+
+def assign_buffers(lifetimes: Sequence[Lifetime], cap: int | None = None) -> tuple[dict[Any, int], list[int]]:
+    """Greedy allocation: walk the values by start position; a buffer whose value's lifetime
+    ended before the start returns to the free list of its size class; each value takes a
+    free buffer of its class or a new one. Two values share a buffer only when their
+    lifetimes do not overlap. Returns (key -> slot index, slot sizes)."""
+    free: dict[int, list[int]] = {}
+    active: list[tuple[int, int]] = []  # (end, slot)
+    slots: list[int] = []
+    assign: dict[Any, int] = {}
+    for lt in sorted(lifetimes, key=lambda lt: lt.start):  # stable: ties keep plan order
+        while active and active[0][0] < lt.start:
+            _, slot = heapq.heappop(active)
+            free.setdefault(slots[slot], []).append(slot)
+        cls = size_class(lt.nbytes, cap)
+        pool = free.get(cls)
+        if pool:
+            slot = pool.pop()
+        else:
+            slot = len(slots)
+            slots.append(cls)
+        assign[lt.key] = slot
+        heapq.heappush(active, (lt.end, slot))
+    return assign, slots
+
+
+def _last_uses(sched: Schedule) -> dict[str, int]:
+    """Per root, the GPU position of the last GPU node that reads it (or of the sync step that
+    reads it as a device view: no GPU node after it may reuse its buffer)."""
     last_use: dict[str, int] = {}
-    first_seg: dict[str, int] = {}
-    for seg in segments:
-        for st in seg.steps:
-            for bname, where in st.buffers.items():
-                if where[0] != "value" or st.plan.buffers[bname].role != "input":
-                    continue
-                r = where[1]
-                last_use[r] = max(last_use.get(r, -1), st.pos)
-                first_seg.setdefault(r, seg.index)
-    for step in sched.steps:  # a sync step's device views: no GPU node after it may reuse their buffers
-        if isinstance(step, HostStep):
+    for step in sched.steps:
+        if isinstance(step, Segment):
+            for st in step.steps:
+                for bname, where in st.buffers.items():
+                    if where[0] == "value" and st.plan.buffers[bname].role == "input":
+                        last_use[where[1]] = max(last_use.get(where[1], -1), st.pos)
+        else:
             for r in step.device_inputs:
                 last_use[r] = max(last_use.get(r, -1), step.pos)
+    return last_use
+
+
+def assign_memory(roots: Mapping[str, RootValue], sched: Schedule, cap: int, shapes: Mapping[str, Any]
+                  ) -> tuple[list[Lifetime], dict[Any, int], list[int]]:
+    """Check every device value has a type and shape, and pool the buffers over the values'
+    lifetimes (``assign_buffers``): feeds from the start, host values from the segment that
+    uploads them, GPU values from their producer, scratch for its step, each to its last use."""
+    segments = [s for s in sched.steps if isinstance(s, Segment)]
+    last_use = _last_uses(sched)
     for name, r in roots.items():
         if r.on_device and (r.onnx_type is None or r.shape is None):
             raise ExecutionError(f"value {name!r}: a GPU node reads it but its type or shape is not known "
                                  f"for input shapes {dict(shapes)}")
-        if r.origin == "host" and r.on_device:
-            r.upload_segment = first_seg[name]
-            segments[r.upload_segment].uploads.append(name)
     lifetimes: list[Lifetime] = []
     for name, r in roots.items():
         if r.origin == "feed" and r.on_device:
@@ -615,24 +737,9 @@ def assign_memory(roots: dict[str, RootValue], sched: Schedule, cap: int, shapes
         elif r.origin == "gpu":
             lifetimes.append(Lifetime(name, r.nbytes, r.producer_pos,
                                       max(r.producer_pos, last_use.get(name, r.producer_pos))))
-    for st in sched.prologue + [st for seg in segments for st in seg.steps]:
+    for st in list(sched.prologue) + [st for seg in segments for st in seg.steps]:
         for bname, where in st.buffers.items():
             if where[0] == "scratch":
                 lifetimes.append(Lifetime(where[1], st.plan.buffers[bname].byte_size, st.pos, st.pos))
     slot_of, slot_sizes = assign_buffers(lifetimes, cap)
     return lifetimes, slot_of, slot_sizes
-
-
-# ----------------------------------------------------------------------------- 8. report
-
-
-def placement_report(nodes: Sequence[NodeInfo], kinds: Mapping[int, str], live: set[int],
-                     reasons: Mapping[int, str]) -> dict[int, tuple[str, str]]:
-    """Per node index: (kind, why) — kind ``unused`` for nodes no output depends on; why is
-    empty for GPU nodes."""
-    out: dict[int, tuple[str, str]] = {}
-    for info in nodes:
-        k = kinds[info.index] if info.index in live else "unused"
-        why = PLACEMENT_WHY.get(k, reasons.get(info.index, ""))
-        out[info.index] = (k, why if k != "gpu" else "")
-    return out

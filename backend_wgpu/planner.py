@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
+from onnx import numpy_helper
 
 from onnx_quant.backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS, DeviceInfo
 from onnx_quant.backend_wgpu.packing import device_nbytes
@@ -27,6 +28,7 @@ from onnx_quant.backend_wgpu.plan import BindingPlan, BufferPlan, KernelPlan, Pa
 from onnx_quant.backend_wgpu.spec import (
     Derive, KernelSpec, Pass, PassBinding, StructMember, Variant, wgsl_scalar_of, wgsl_type_layout,
 )
+from onnx_quant.backend_wgpu.verdict import TypeBinding
 from onnx_quant.dtypes import UnknownElementType, element_type
 from onnx_quant.errors import ExecutionError, ExpressionError, KernelRejected, SpecError
 
@@ -211,6 +213,36 @@ class _Where:
         return KernelRejected(self.node, self.spec.name, clause, where=self())
 
 
+def _bind_types(spec: KernelSpec, present: Mapping[str, bool], dtypes: Mapping[str, Any], where: _Where
+                ) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
+    """(every io's element type name, constraint -> (type, the io that fixed it)), bound against
+    the spec's type constraints (verdict.TypeBinding, the binding the construction phases use); an
+    absent input takes the type its constraint is bound to, else the first allowed. Raises ExecutionError (a missing or unknown type) or
+    KernelRejected (a type the constraint does not allow, two types for one constraint)."""
+    io_types: dict[str, str] = {}
+    binding = TypeBinding(spec.type_constraints)
+    for n, decl in spec.io.items():
+        if not present[n]:
+            continue
+        if n not in dtypes or dtypes[n] is None:
+            raise ExecutionError(f"{where()}: no dtype given for {n!r}")
+        try:
+            dt = element_type(dtypes[n]).name
+        except UnknownElementType as e:
+            raise ExecutionError(f"{where()}: {n!r}: {e}") from None
+        clash = binding.bind(n, decl.dtype, dt)
+        if clash is not None and clash.bound is None:
+            raise where.rejection(f"{n!r} has type {dt}, but {decl.dtype} allows only {', '.join(clash.allowed)}")
+        if clash is not None:
+            raise where.rejection(f"{n!r} has type {dt} but {clash.bound[1]!r} has "
+                                  f"{clash.bound[0]}; both are {decl.dtype}")
+        io_types[n] = dt
+    for n, decl in spec.io.items():
+        if not present[n]:
+            io_types[n] = binding.type_of(decl.dtype) or spec.type_constraints[decl.dtype][0]
+    return {n: io_types[n] for n in spec.io}, binding.bound
+
+
 def _eval(value: Any, env: Env, where: str, fld: str) -> Any:
     try:
         return evaluate_value(value, env)
@@ -299,30 +331,7 @@ def plan_node(
         shp[n] = s
 
     # dtypes against typeConstraints
-    io_types: dict[str, str] = {}
-    bound: dict[str, tuple[str, str]] = {}  # constraint -> (dtype, io that fixed it)
-    for n, decl in spec.io.items():
-        if not present[n]:
-            continue
-        if n not in dtypes or dtypes[n] is None:
-            raise ExecutionError(f"{where()}: no dtype given for {n!r}")
-        try:
-            dt = element_type(dtypes[n]).name
-        except UnknownElementType as e:
-            raise ExecutionError(f"{where()}: {n!r}: {e}") from None
-        allowed = spec.type_constraints[decl.dtype]
-        if dt not in allowed:
-            raise where.rejection(f"{n!r} has type {dt}, but {decl.dtype} allows only {', '.join(allowed)}")
-        if decl.dtype in bound and bound[decl.dtype][0] != dt:
-            raise where.rejection(f"{n!r} has type {dt} but {bound[decl.dtype][1]!r} has "
-                         f"{bound[decl.dtype][0]}; both are {decl.dtype}")
-        bound.setdefault(decl.dtype, (dt, n))
-        io_types[n] = dt
-    # an absent input takes the type its constraint is bound to, else the first allowed
-    for n, decl in spec.io.items():
-        if not present[n]:
-            io_types[n] = bound[decl.dtype][0] if decl.dtype in bound else spec.type_constraints[decl.dtype][0]
-    io_types = {n: io_types[n] for n in spec.io}
+    io_types, bound = _bind_types(spec, present, dtypes, where)
 
     consts = _constant_values(spec, present, shp, values or {}, where)
     limits = {**WEBGPU_DEFAULT_LIMITS, **dict(device.limits)}
@@ -478,8 +487,6 @@ def _attribute_value(v: Any) -> Any:
     if hasattr(v, "item") and getattr(v, "shape", None) == ():  # numpy scalar
         return _attribute_value(v.item())
     if hasattr(v, "data_type") and hasattr(v, "dims"):  # a TensorProto (ConstantOfShape's value)
-        from onnx import numpy_helper  # noqa: PLC0415
-
         a = numpy_helper.to_array(v)
         if a.dtype.kind not in "biuf" and a.dtype.name not in _ML_TYPES:
             raise TypeError(f"{a.dtype} tensor")

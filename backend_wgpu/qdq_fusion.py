@@ -54,7 +54,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_quant.backend_wgpu.graph_plan import DEFAULT_DOMAINS, subgraph_reads
+from onnx_quant.backend_wgpu.graph_index import GraphIndex, since_version, subgraph_reads
+from onnx_quant.backend_wgpu.model_check import static_values
+from onnx_quant.backend_wgpu.passes import PassResult, RewritePass, elem_lookup, kernel_check, unit_faults
+from onnx_quant.backend_wgpu.verdict import DEFAULT_DOMAINS
 
 MS_DOMAIN = "com.microsoft"
 
@@ -107,75 +110,15 @@ class FusionResult:
 # ----------------------------------------------------------------------------- graph facts
 
 
-class _Graph:
-    """What the selectors ask of the top-level graph: producers, consumer edges, constants."""
-
-    def __init__(self, model: onnx.ModelProto, elem_of: Callable[[str], int]) -> None:
-        g = model.graph
-        self.nodes = list(g.node)
-        self.elem_of = elem_of
-        self.outputs = {o.name for o in g.output}
-        self.opset = next((o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS), 0)
-        self.producer: dict[str, int] = {}
-        self.edges: dict[str, list[tuple[int, int]]] = {}  # value -> [(consumer, slot)], slot -1: subgraph
-        # an initializer that is also a graph input can be overridden by a feed: not a constant
-        # (onnxruntime's GetConstantInitializer skips overridable initializers the same way)
-        fed = {i.name for i in g.input}
-        self._const: dict[str, Any] = {t.name: t for t in g.initializer if t.name not in fed}
-        for i, n in enumerate(self.nodes):
-            for s, name in enumerate(n.input):
-                if name:
-                    self.edges.setdefault(name, []).append((i, s))
-            for name in subgraph_reads(n):
-                self.edges.setdefault(name, []).append((i, -1))
-            for o in n.output:
-                if o:
-                    self.producer[o] = i
-            if n.op_type == "Constant" and n.domain in DEFAULT_DOMAINS and n.output:
-                self._const[n.output[0]] = n
-        self._arrays: dict[str, np.ndarray | None] = {}
-
-    def label(self, i: int) -> str:
-        n = self.nodes[i]
-        return n.name or f"{n.op_type}_{i}"
-
-    def computed_from_constants(self) -> set[str]:
-        """Values the graph computes from constants alone: initializers no feed overrides,
-        Constants, and the outputs of nodes (without subgraphs) that read only those."""
-        constant = set(self._const)
-        for n in self.nodes:
-            if all(x in constant for x in n.input if x) and not any(
-                    a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute):
-                constant.update(o for o in n.output if o)
-        return constant
-
-    def constant(self, name: str) -> np.ndarray | None:
-        """The value of an initializer or a Constant (as onnxruntime's GetConstantInitializer)."""
-        if not name:
-            return None
-        if name not in self._arrays:
-            src = self._const.get(name)
-            arr = None
-            if isinstance(src, onnx.TensorProto):
-                arr = numpy_helper.to_array(src)
-            elif src is not None:
-                a = next((a for a in src.attribute if a.name == "value"), None)
-                if a is not None:
-                    arr = numpy_helper.to_array(a.t)
-            self._arrays[name] = arr
-        return self._arrays[name]
+class _QdqIndex(GraphIndex):
+    """The shared graph index with what the QDQ selectors ask besides: the DequantizeLinear
+    feeding a value, and the quantized types Q/DQ nodes make and read."""
 
     def dq_feeding(self, name: str) -> int | None:
         i = self.producer.get(name)
         if i is None:
             return None
         return i if _is_qdq(self.nodes[i], "DequantizeLinear") else None
-
-    def out_edges(self, i: int) -> list[tuple[int, int]]:
-        return [e for o in self.nodes[i].output if o for e in self.edges.get(o, [])]
-
-    def makes_graph_output(self, i: int) -> bool:
-        return any(o in self.outputs for o in self.nodes[i].output if o)
 
     def q_elem(self, q: onnx.NodeProto) -> int:
         """QuantizeLinear's output type: its zero point's, output_dtype, or uint8."""
@@ -213,7 +156,7 @@ class _Unit:
     clip: int | None = None
 
 
-def _select(G: _Graph, i: int, n_dq: int | None, q_optional: bool = False) -> _Unit:
+def _select(G: _QdqIndex, i: int, n_dq: int | None, q_optional: bool = False) -> _Unit:
     """onnxruntime's GetQDQSelection + CheckQDQNodes: DQ parents, a redundant Relu/Clip, Q children."""
     node = G.nodes[i]
     dqs = {s: d for s, name in enumerate(node.input) if name and (d := G.dq_feeding(name)) is not None}
@@ -247,7 +190,7 @@ def _select(G: _Graph, i: int, n_dq: int | None, q_optional: bool = False) -> _U
     return _Unit(i, dqs, qs, clip)
 
 
-def _q_scalar_params(G: _Graph, q: onnx.NodeProto) -> tuple[float, int, int] | None:
+def _q_scalar_params(G: _QdqIndex, q: onnx.NodeProto) -> tuple[float, int, int] | None:
     """(scale, zero point, type) of a Q with constant scalar parameters (GetQScalarScaleZp)."""
     scale = G.constant(q.input[1])
     if scale is None or scale.ndim != 0:
@@ -260,7 +203,7 @@ def _q_scalar_params(G: _Graph, q: onnx.NodeProto) -> tuple[float, int, int] | N
     return float(scale), int(zp), G.q_elem(q)
 
 
-def _clip_redundant(G: _Graph, clip: onnx.NodeProto, q: onnx.NodeProto) -> bool:
+def _clip_redundant(G: _QdqIndex, clip: onnx.NodeProto, q: onnx.NodeProto) -> bool:
     """onnxruntime's IsClipMadeRedundantByQ."""
     params = _q_scalar_params(G, q)
     if params is None or params[2] not in TYPE_RANGE:
@@ -294,7 +237,7 @@ def _clip_redundant(G: _Graph, clip: onnx.NodeProto, q: onnx.NodeProto) -> bool:
     return quantized(cmin) <= lo and quantized(cmax) >= hi
 
 
-def _input_elem(G: _Graph, dq_index: int) -> int:
+def _input_elem(G: _QdqIndex, dq_index: int) -> int:
     return G.dq_elem(dq_index)
 
 
@@ -306,7 +249,7 @@ def _check_bits(*codes: int, sixteen: bool = False) -> None:
             raise Decline("16-bit types are not fused")
 
 
-def _per_tensor(G: _Graph, name: str, what: str) -> None:
+def _per_tensor(G: _QdqIndex, name: str, what: str) -> None:
     v = G.constant(name)
     if v is not None and v.size != 1:
         raise Decline(f"{what} is not per-tensor")
@@ -326,14 +269,14 @@ class _Fusion:
     attributes: list[onnx.AttributeProto]
 
 
-def _dq_args(G: _Graph, d: int, zero_points: dict[str, int]) -> list[str]:
+def _dq_args(G: _QdqIndex, d: int, zero_points: dict[str, int]) -> list[str]:
     """DequantizeLinear's (x, scale, zero point): a missing zero point as a zero initializer."""
     n = G.nodes[d]
     zp = n.input[2] if len(n.input) > 2 and n.input[2] else _zero_point(G.dq_elem(d), zero_points)
     return [n.input[0], n.input[1], zp]
 
 
-def _q_args(G: _Graph, q: int, zero_points: dict[str, int]) -> list[str]:
+def _q_args(G: _QdqIndex, q: int, zero_points: dict[str, int]) -> list[str]:
     n = G.nodes[q]
     zp = n.input[2] if len(n.input) > 2 and n.input[2] else _zero_point(G.q_elem(n), zero_points)
     return [n.input[1], zp]
@@ -349,7 +292,7 @@ def _attrs(node: onnx.NodeProto, drop: Sequence[str] = ()) -> list[onnx.Attribut
     return [a for a in node.attribute if a.name not in drop]
 
 
-def _types_equal(G: _Graph, u: _Unit, what: str) -> int:
+def _types_equal(G: _QdqIndex, u: _Unit, what: str) -> int:
     codes = {_input_elem(G, d) for d in u.dqs.values()} | {G.q_elem(G.nodes[q]) for q in u.qs}
     if len(codes) != 1:
         raise Decline(f"{what}: input and output types differ")
@@ -357,7 +300,7 @@ def _types_equal(G: _Graph, u: _Unit, what: str) -> int:
     return code
 
 
-def _rule_conv(G: _Graph, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
+def _rule_conv(G: _QdqIndex, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
     u = _select(G, i, None)
     if 0 not in u.dqs or 1 not in u.dqs:
         raise Decline("X and W must come from DequantizeLinear")
@@ -375,7 +318,7 @@ def _rule_conv(G: _Graph, i: int, zps: dict[str, int], int8_allowed: bool) -> _F
     return _Fusion("conv", u, "QLinearConv", "", ins, [G.nodes[u.qs[0]].output[0]], _attrs(G.nodes[i]))
 
 
-def _rule_matmul(G: _Graph, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
+def _rule_matmul(G: _QdqIndex, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
     u = _select(G, i, 2, q_optional=True)
     dt_a, dt_b = _input_elem(G, u.dqs[0]), _input_elem(G, u.dqs[1])
     if dt_a == TensorProto.INT8 and (not int8_allowed or dt_b != dt_a):
@@ -389,7 +332,7 @@ def _rule_matmul(G: _Graph, i: int, zps: dict[str, int], int8_allowed: bool) -> 
     return _Fusion("matmul", u, "QLinearMatMul", "", ins, [G.nodes[u.qs[0]].output[0]], _attrs(G.nodes[i]))
 
 
-def _rule_binary(G: _Graph, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
+def _rule_binary(G: _QdqIndex, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
     u = _select(G, i, None)
     _check_bits(_types_equal(G, u, "binary"))
     ins = _dq_args(G, u.dqs[0], zps) + _dq_args(G, u.dqs[1], zps) + _q_args(G, u.qs[0], zps)
@@ -397,7 +340,7 @@ def _rule_binary(G: _Graph, i: int, zps: dict[str, int], int8_allowed: bool) -> 
                    _attrs(G.nodes[i]))
 
 
-def _rule_unary(G: _Graph, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
+def _rule_unary(G: _QdqIndex, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
     u = _select(G, i, 1)
     if 0 not in u.dqs:
         raise Decline("its data input does not come from a DequantizeLinear")
@@ -405,12 +348,12 @@ def _rule_unary(G: _Graph, i: int, zps: dict[str, int], int8_allowed: bool) -> _
     node = G.nodes[i]
     attrs = _attrs(node)
     if node.op_type == "Softmax":
-        attrs.append(helper.make_attribute("opset", _since_version(node, G.opset)))
+        attrs.append(helper.make_attribute("opset", since_version(node, G.opset)))
     ins = _dq_args(G, u.dqs[0], zps) + _q_args(G, u.qs[0], zps)
     return _Fusion("unary", u, "QLinear" + node.op_type, MS_DOMAIN, ins, [G.nodes[u.qs[0]].output[0]], attrs)
 
 
-def _rule_concat(G: _Graph, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
+def _rule_concat(G: _QdqIndex, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
     u = _select(G, i, None)
     _check_bits(_types_equal(G, u, "Concat"))
     ins = _q_args(G, u.qs[0], zps)
@@ -420,7 +363,7 @@ def _rule_concat(G: _Graph, i: int, zps: dict[str, int], int8_allowed: bool) -> 
                    _attrs(G.nodes[i]))
 
 
-def _rule_gemm(G: _Graph, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
+def _rule_gemm(G: _QdqIndex, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
     u = _select(G, i, None, q_optional=True)
     if 0 not in u.dqs or 1 not in u.dqs:
         raise Decline("A and B must come from DequantizeLinear")
@@ -449,7 +392,7 @@ def _rule_gemm(G: _Graph, i: int, zps: dict[str, int], int8_allowed: bool) -> _F
     return _Fusion("gemm", u, "QGemm", MS_DOMAIN, ins, outs, _attrs(node, drop=("beta",)))
 
 
-def _rule_drop(G: _Graph, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
+def _rule_drop(G: _QdqIndex, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
     node = G.nodes[i]
     u = _select(G, i, 1)
     if 0 not in u.dqs:
@@ -484,13 +427,6 @@ RULES: dict[str, Callable[..., _Fusion]] = {
 }
 
 
-def _since_version(node: onnx.NodeProto, opset: int) -> int:
-    try:
-        return onnx.defs.get_schema(node.op_type, opset, node.domain or "").since_version
-    except Exception:
-        return opset
-
-
 # ----------------------------------------------------------------------------- the phase
 
 
@@ -503,11 +439,8 @@ def fuse_qdq(model: onnx.ModelProto, *, elem_of: Callable[[str], int] | None = N
     pass); ``supported(node, domain, version)``: why no kernel takes the replacement ('' if one
     does), None to accept every replacement."""
     if elem_of is None:
-        from onnx_quant.backend_wgpu.model_check import static_values  # noqa: PLC0415
-
-        values = static_values(model)
-        elem_of = lambda n: (values[n].elem_type if n in values else 0)  # noqa: E731
-    G = _Graph(model, elem_of)
+        elem_of = elem_lookup(static_values(model))
+    G = _QdqIndex(model, elem_of)
     result = FusionResult(model)
     zps: dict[str, int] = {}
     fusions: list[_Fusion] = []
@@ -539,7 +472,7 @@ def fuse_qdq(model: onnx.ModelProto, *, elem_of: Callable[[str], int] | None = N
     return _rewrite(model, G, fusions, zps, result)
 
 
-def _rewrite(model: onnx.ModelProto, G: _Graph, fusions: list[_Fusion], zps: Mapping[str, int],
+def _rewrite(model: onnx.ModelProto, G: _QdqIndex, fusions: list[_Fusion], zps: Mapping[str, int],
              result: FusionResult) -> FusionResult:
     removed: set[int] = set()
     at: dict[int, onnx.NodeProto] = {}
@@ -587,3 +520,26 @@ def _rewrite(model: onnx.ModelProto, G: _Graph, fusions: list[_Fusion], zps: Map
     out.graph.value_info.extend(infos)
     result.model = out
     return result
+
+
+class QdqFusion(RewritePass):
+    """The QDQ fusion as a pass over the model's static values, asking registry ``specs`` which
+    replacements a kernel takes (``enabled=False``: the model unchanged); its report is the
+    :class:`FusionResult`. Ensures: every fused node is in the model and no node of its unit but a
+    DequantizeLinear other nodes still read makes a value there."""
+
+    name = "fuse_qdq"
+
+    def __init__(self, specs: Any = None, enabled: bool = True) -> None:
+        self.specs, self.enabled = specs, enabled
+
+    def call(self, model: onnx.ModelProto, values) -> PassResult:
+        if not self.enabled:
+            return PassResult(model, False, FusionResult(model))
+        result = fuse_qdq(model, elem_of=elem_lookup(values), supported=kernel_check(self.specs, values))
+        return PassResult(result.model, bool(result.units), result)
+
+    def ensures(self, model: onnx.ModelProto, result: PassResult) -> None:
+        super().ensures(model, result)
+        self._check(unit_faults(result.model, result.report.units,
+                                keep=lambda n: _is_qdq(n, "DequantizeLinear")), "ensures")

@@ -2,32 +2,29 @@
 
 Construction (once per model):
 
-* the model is rewritten as onnxruntime's optimizations would (``rewrites.py``): BatchNormalization
-  folded into its Conv; QDQ node units (``DequantizeLinear -> Conv/MatMul/Add/... -> QuantizeLinear``)
-  replaced by the QLinear kernels (``qdq_fusion.py``); dynamic-quantization units and float32
-  elementwise groups fused into one node each; NonZero split into its padded GPU form and the region
-  run per count (each phase has its keyword to keep the graph as written);
-* every node gets a *placement*: a kernel spec that takes its op, attributes and element
-  types (``gpu``); a view of its input (``view``: Reshape, Flatten, Squeeze, Unsqueeze,
-  Identity, Dropout in inference mode); a Constant (evaluated once); or the host
-  (``onnx.reference``), for a node no kernel covers. Host nodes are named in a
+* the model is rewritten as onnxruntime's optimizations would (``rewrites.py``, passes):
+  BatchNormalization folded into its Conv; QDQ node units (``DequantizeLinear -> Conv/MatMul/Add/...
+  -> QuantizeLinear``) replaced by the QLinear kernels (``qdq_fusion.py``); dynamic-quantization
+  units and float32 elementwise groups fused into one node each; NonZero split into its padded GPU
+  form and the region run per count (each phase has its keyword to keep the graph as written);
+* every node gets its construction-time *placement* (``placement.classify``): a kernel spec that
+  takes its op, attributes and element types (``gpu``); a view of its input (``view``: Reshape,
+  Flatten, Squeeze, Unsqueeze, Identity, Dropout in inference mode); a Constant (evaluated once);
+  or the host (``onnx.reference``), for a node no kernel covers. Host nodes are named in a
   :class:`~onnx_quant.errors.HostFallbackWarning`; ``allow_host_fallback=False`` refuses such a
   model with an ExecutionError listing them;
 * initializers and Constant values are kept on the host and uploaded to the device once per
   session, the first time a plan needs them.
 
 Per binding of input shapes (symbolic dims bound from the feeds; one *graph plan* per binding,
-cached, at most ``MAX_PLANS`` per session):
-
-* ``inference.infer_values`` fixes every dtype and shape; small integer values it computes
-  (``Shape``, ``Size`` and shape arithmetic on them) are folded into the plan; nodes no output
-  needs are dropped;
-* each GPU node is planned (``planner.plan_node``: variant, buffers, passes); a node whose
-  variants' ``when`` clauses all fail (or whose tensors exceed the device) runs on the host;
-* the schedule is cut into *segments* of GPU nodes (one encoder, one submit each) only where a
-  host node needs a value the open segment produces;
-* pooled device buffers are assigned by a greedy allocator over value lifetimes
-  (``executor.assign_buffers``), then allocated, compiled and bound once (``prepare_graph``).
+cached, at most ``MAX_PLANS`` per session), the graph compiler (``graph_plan.compile``, pure: no
+device, no Session) infers every value, folds shape arithmetic, plans each GPU node (a node no
+variant takes runs on the host), cuts the schedule into *segments* (one encoder, one submit each)
+only where a host node needs a value the open segment produces, and pools the device buffers over
+the values' lifetimes: a frozen ``plan.GraphPlan`` and its host nodes as data. The Session keeps
+the plan cache and the policy: host nodes warned about or refused, their evaluators built. The
+executor prepares a plan's device state once (``executor.prepare_graph``: buffers, pipelines, bind
+groups, a ``PreparedGraph`` per plan) and runs it.
 
 ``run`` uploads the feeds, runs the schedule and reads back only what host nodes and the
 requested outputs need, through one persistent staging buffer per plan. docs/backend.md
@@ -46,33 +43,34 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import onnx
 
-from onnx_quant.backend_wgpu.device import GpuDevice, get_device
-from onnx_quant.backend_wgpu import graph_plan as gp
-from onnx_quant.backend_wgpu.device_value import DeviceValue, stand_in
-from onnx_quant.backend_wgpu.graph_plan import (
-    DEFAULT_DOMAINS, VIEW_OPS, attributes as _attributes, concrete as _concrete, onnx_type as _onnx_type,
-    subgraph_reads,
-)
-from onnx_quant.backend_wgpu.graph_plan import NodeInfo as _NodeInfo
-from onnx_quant.backend_wgpu.executor import (
-    GraphPlan, HostStep, Segment, SessionResources, SessionStats, prepare_graph, release_graph, run_graph,
-)
-from onnx_quant.backend_wgpu.control_flow import CONTROL_WHY, ControlFlow, body_overrides, is_control
 from onnx_quant.backend_wgpu import data_dependent as dd
+from onnx_quant.backend_wgpu import graph_plan as gp
+from onnx_quant.backend_wgpu import placement
+from onnx_quant.backend_wgpu.control_flow import ControlFlow, body_overrides
+from onnx_quant.backend_wgpu.device import GpuDevice, get_device
+from onnx_quant.backend_wgpu.device_value import DeviceValue, stand_in
+from onnx_quant.backend_wgpu.executor import (
+    PreparedGraph, SessionResources, SessionStats, prepare_graph, release_graph, run_graph,
+)
+from onnx_quant.backend_wgpu.graph_index import attributes
 from onnx_quant.backend_wgpu.host_rewrites import host_node
 from onnx_quant.backend_wgpu.host_sizes import check_host_node
 from onnx_quant.backend_wgpu.locking import holding
 from onnx_quant.backend_wgpu.model_check import check_host_outputs, static_values
-from onnx_quant.backend_wgpu.rewrites import RewriteOptions, find_kernel, op_text, rewrite_model
-from onnx_quant.dtypes import element_type, ort_type, type_name
-from onnx_quant.errors import ExecutionError, HostFallbackWarning, InferenceError, KernelRejected, QuantError
+from onnx_quant.backend_wgpu.placement import NodeInfo, op_name
+from onnx_quant.backend_wgpu.plan import GraphPlan, HostStep, Segment
+from onnx_quant.backend_wgpu.planner import describe
+from onnx_quant.backend_wgpu.profiling import Profiler
+from onnx_quant.backend_wgpu.region import DataDependentRegion, HostPaddedNonZero
+from onnx_quant.backend_wgpu.rewrites import RewriteOptions, rewrite_model
+from onnx_quant.backend_wgpu.spec import load_specs
+from onnx_quant.backend_wgpu.verdict import onnx_type
 from onnx_quant.budget import resolve as resolve_budget
-from onnx_quant.inference.dims import is_anonymous
+from onnx_quant.dtypes import element_type, ort_type, type_name
+from onnx_quant.errors import ExecutionError, HostFallbackWarning, QuantError
+from onnx_quant.inference.dims import is_anonymous, to_text as dim_text
 from onnx_quant.model_io import initializer_arrays, load_model
 
-#: planner messages that mean "this kernel does not take this node" (its variants' ``when``
-#: clauses, declared ranks/shapes, type constraints, attribute values): such a node runs on
-#: the host; every other planning error (device limits, ...) is raised
 #: graph plans (device buffers included) a session keeps; the least recently used is released
 MAX_PLANS = 16
 
@@ -93,9 +91,7 @@ def _info_shape(info: Any) -> list[Any] | None:
     """An inferred TensorInfo's shape as NodeArg dims (symbolic dims as their dim_param text)."""
     if info is None or info.shape is None:
         return None
-    from onnx_quant.inference import dims  # noqa: PLC0415
-
-    return [d if isinstance(d, int) else (None if d is None else dims.to_text(d)) for d in info.shape]
+    return [d if isinstance(d, int) else (None if d is None else dim_text(d)) for d in info.shape]
 
 
 def _bits_of(code: int) -> int:
@@ -128,19 +124,8 @@ def _specs():
     """The kernel specs, loaded once per process (they are package data)."""
     global _SPECS
     if _SPECS is None:
-        from onnx_quant.backend_wgpu.spec import load_specs  # noqa: PLC0415
-
         _SPECS = load_specs()
     return _SPECS
-
-
-def node_label(node: onnx.NodeProto, index: int) -> str:
-    return node.name or f"{node.op_type}_{index}"
-
-
-def _value_key(keyed: Sequence[str], given: Mapping[str, np.ndarray]) -> tuple:
-    """The part of a plan's key that the contents of its value-keyed inputs make."""
-    return tuple((n, given[n].dtype.str, given[n].tobytes()) for n in keyed if n in given)
 
 
 class Session:
@@ -218,9 +203,6 @@ class Session:
         self.elementwise_fusion = rewritten.elementwise_fusion
         #: fused node -> the unit it replaced, run as written on the host if its kernel declines
         self._fused_units = rewritten.fused_units
-        #: NonZero nodes in their padded GPU form, the nodes reading them moved into a region (data_dependent.py)
-        self._nonzeros = rewritten.nonzeros
-        self._nonzero_declined = rewritten.nonzero_declined
         #: If / Loop runners (control_flow.py), per node index, built on first run
         self._control: dict[int, Any] = {}
         self._body_options = {"allow_host_fallback": allow_host_fallback, "memory_budget": self.budget,
@@ -234,18 +216,21 @@ class Session:
         self._outputs = [vi.name for vi in graph.output]
         self._tunables = dict(tunables or {})
         self._variants = dict(variants or {})
-        self._nodes = [self._classify(i, node) for i, node in enumerate(graph.node)]
-        self._check_overrides()
+        #: the compiler's input (graph_plan.model_graph): every node's construction-time placement
+        self._graph = gp.model_graph(rewritten, self.source_model, self._specs, self._initializers)
+        self._nodes: list[NodeInfo] = list(self._graph.nodes)
+        placement.check_overrides(self._nodes, self._specs, self._opsets, self._tunables, self._variants)
+        self._options = gp.CompileOptions(self._tunables, self._variants)
         self._constants: dict[str, np.ndarray] = {}
         self._evaluators: dict[int, Any] = {}
-        self._plan_elem: dict[str, int] = {}
         for info in self._nodes:
             if info.kind == "const":
                 self._eval_constant(info)
         # nodes that may fold (shape arithmetic) are only reported when a plan cannot fold them;
         # nodes no graph output can depend on never run
-        live = self._static_live()
-        static_host = [i for i in self._nodes if i.kind == "host" and i.index in live and not gp.may_fold(i, self._elem)]
+        live = placement.static_live(self._nodes, self._outputs)
+        static_host = [i for i in self._nodes if i.kind == "host" and i.index in live
+                       and not placement.may_fold(i, self._elem)]
         if static_host and not self.allow_host_fallback:
             raise ExecutionError(
                 f"{len(static_host)} node(s) cannot run on the GPU and allow_host_fallback is False: "
@@ -263,17 +248,15 @@ class Session:
         self.stats = SessionStats()
         self._resources = SessionResources(self.device, self.stats)
         self._plans: "OrderedDict[tuple, GraphPlan]" = OrderedDict()
+        #: plan key -> the executor's device state of that plan (buffers, bind groups, programs)
+        self._prepared: dict[tuple, PreparedGraph] = {}
         #: per binding of input shapes: the inputs whose contents its plans are keyed on (phase 0)
         self._value_keyed: dict[tuple, tuple[str, ...]] = {}
         #: what the last ``run`` did (``SessionStats.since``): dispatches, submits, pipelines
         #: compiled, buffers allocated, bytes uploaded / read back, host encode µs, ...
         self.last_run_stats: dict[str, Any] = {}
         #: with ``profile=True``: per node device (or host-wall) times of every run, see profiling.py
-        self.profiler = None
-        if profile:
-            from onnx_quant.backend_wgpu.profiling import Profiler  # noqa: PLC0415
-
-            self.profiler = Profiler(self.device)
+        self.profiler = Profiler(self.device) if profile else None
 
     # -- construction ------------------------------------------------------------------------
 
@@ -282,26 +265,14 @@ class Session:
         if specs is None:
             return _specs()
         if isinstance(specs, (str, os.PathLike)):
-            from onnx_quant.backend_wgpu.spec import load_specs  # noqa: PLC0415
-
             return load_specs(specs)
         return specs
 
-    def _static_live(self) -> set[int]:
-        """Nodes some graph output may depend on, whatever the shapes (all inputs count)."""
-        needed = set(self._outputs)
-        live: set[int] = set()
-        for info in reversed(self._nodes):
-            if any(o in needed for o in info.node.output if o):
-                live.add(info.index)
-                needed |= {i for i in info.node.input if i} | set(info.implicit)
-        return live
-
-    def _fallback_text(self, infos: Sequence[_NodeInfo], reasons: Mapping[int, str], prefix: str = "") -> str:
+    def _fallback_text(self, infos: Sequence[NodeInfo], reasons: Mapping[int, str], prefix: str = "") -> str:
         """One warning line: the host nodes grouped by op and reason, a few names each."""
         groups: dict[tuple[str, str], list[str]] = {}
         for i in infos:
-            groups.setdefault((self._op_name(i), reasons.get(i.index, "")), []).append(i.label)
+            groups.setdefault((op_name(i), reasons.get(i.index, "")), []).append(i.label)
         parts = []
         for (op, why), labels in groups.items():
             shown = ", ".join(labels[:3]) + (f" and {len(labels) - 3} more" if len(labels) > 3 else "")
@@ -309,143 +280,21 @@ class Session:
         return (f"{prefix}{len(infos)} node(s) run on the host (onnx.reference); each GPU segment they "
                 f"separate costs a submit and a read-back: " + "; ".join(parts))
 
-    @staticmethod
-    def _op_name(info: _NodeInfo) -> str:
-        return op_text(info.domain, info.node.op_type)
-
-    def _user_op_name(self, info: _NodeInfo) -> str:
+    def _user_op_name(self, info: NodeInfo) -> str:
         """The op as the user's model has it, for errors: a fused node is named by the ops of the
         unit it replaced (never by the internal fused op)."""
         unit = self._fused_units.get(info.node.output[0]) if info.node.output else None
         if unit is None:
-            return self._op_name(info)
+            return op_name(info)
         return "fused unit " + " + ".join(n.op_type for n in unit.nodes)
 
     def _elem(self, name: str) -> int:
         info = self._static_values.get(name)
         return info.elem_type if info is not None else 0
 
-    def _classify(self, index: int, node: onnx.NodeProto) -> _NodeInfo:
-        label = node_label(node, index)
-        domain = node.domain or ""
-        version = self._opsets.get(domain, self._opsets.get("ai.onnx" if domain == "" else domain))
-        if version is None:
-            raise ExecutionError(f"node {label!r} ({node.op_type}): the model imports no opset for domain "
-                                 f"{domain or 'ai.onnx'!r}")
-        self._check_attribute_names(label, node, domain, version)
-        implicit = subgraph_reads(node)
-        unit = self._fused_units.get(node.output[0]) if node.output else None
-        if unit is not None:  # what the unit as written reads besides the fused node's inputs (host fallback)
-            implicit |= set(unit.reads()) - set(node.input)
-        implicit = tuple(sorted(implicit))
-        spec, reason = find_kernel(self._specs, node, domain, version, self._elem)
-        if domain in DEFAULT_DOMAINS and node.op_type == "Constant":
-            return _NodeInfo(index, label, node, domain, version, None, "const", "a constant", implicit)
-        if dd.is_region(domain, node.op_type):
-            return _NodeInfo(index, label, node, domain, version, None, "sync", dd.SYNC_WHY, implicit,
-                             tuple(n for n in node.input if n.endswith(dd.COUNT_SUFFIX)))
-        if is_control(domain, node.op_type, version):
-            return _NodeInfo(index, label, node, domain, version, None, "control", CONTROL_WHY, implicit)
-        if domain in DEFAULT_DOMAINS and node.op_type in VIEW_OPS:
-            why = self._static_view_rejects(node)
-            if why is None:
-                return _NodeInfo(index, label, node, domain, version, None if reason else spec, "view",
-                                 reason, implicit)
-            if reason:
-                reason = f"{why}; {reason}"
-        if domain in DEFAULT_DOMAINS and node.op_type == "NonZero" and node.output and \
-                node.output[0] in self._nonzero_declined:
-            reason = self._nonzero_declined[node.output[0]]  # not the padded form's missing count output
-        if reason:
-            return _NodeInfo(index, label, node, domain, version, None, "host", reason, implicit)
-        return _NodeInfo(index, label, node, domain, version, spec, "gpu", "", implicit)
-
-    @staticmethod
-    def _check_attribute_names(label: str, node: onnx.NodeProto, domain: str, version: int) -> None:
-        """An attribute the operator does not have (per onnx.defs) makes the model invalid."""
-        try:
-            schema = onnx.defs.get_schema(node.op_type, version, domain)
-        except Exception:
-            return  # an op onnx does not know (custom domain): nothing to check against
-        for a in node.attribute:
-            if a.name not in schema.attributes:
-                raise ExecutionError(f"node {label!r} ({node.op_type}): attribute {a.name!r} is not an attribute of "
-                                     f"{node.op_type}-{schema.since_version} (attributes: "
-                                     f"{', '.join(sorted(schema.attributes)) or 'none'})")
-
-    def _static_view_rejects(self, node: onnx.NodeProto) -> str | None:
-        """Why a view op cannot be a view whatever the shapes (None if it may be one)."""
-        if not node.input or not node.input[0] or not node.output or not node.output[0]:
-            return "no data input or output"
-        if node.op_type == "Dropout":
-            if len(node.output) > 1 and node.output[1]:
-                return "Dropout's mask output is used"
-            if len(node.input) > 2 and node.input[2]:
-                mode = self._initializers.get(node.input[2])
-                if mode is None:
-                    info = self._static_values.get(node.input[2])
-                    mode = None if info is None else info.value
-                if mode is None or np.asarray(mode).dtype.kind == "O" or bool(np.asarray(mode).reshape(-1)[0]):
-                    return "Dropout may run in training mode"
-            if any(a.name == "is_test" and a.i == 0 for a in node.attribute):
-                return "Dropout runs in training mode (is_test=0)"
-        return None
-
-    def _check_overrides(self) -> None:
-        names = {i.label for i in self._nodes} | {i.node.op_type for i in self._nodes}
-        # the nodes of the bodies (If / Loop / Scan, NonZero's region): their sessions check what names them
-        nested = gp.with_nested([n for i in self._nodes for a in i.node.attribute
-                                 for n in list(a.g.node) + [m for g in a.graphs for m in g.node]])
-        names_nested = {n.name for n in nested} | {n.op_type for n in nested}
-        by_key: dict[str, list[_NodeInfo]] = {}
-        for i in self._nodes:
-            by_key.setdefault(i.label, []).append(i)
-            by_key.setdefault(i.node.op_type, []).append(i)
-        for key in self._variants:
-            if key in names_nested - names:
-                continue
-            if key not in names:
-                raise ExecutionError(f"variants: {key!r} is neither a node name nor an op type of this model "
-                                     f"(nodes/ops: {', '.join(sorted(names))})")
-            nokernel = [i.label for i in by_key[key] if i.spec is None]
-            if nokernel:
-                raise ExecutionError(f"variants: {key!r}: node(s) {nokernel} have no GPU kernel to force a variant of")
-        global_tun = {k: v for k, v in self._tunables.items() if not isinstance(v, Mapping)}
-        for key, v in self._tunables.items():
-            if not isinstance(v, Mapping) or key in names_nested - names:
-                continue
-            if key not in names:
-                raise ExecutionError(f"tunables: {key!r} is neither a node name nor an op type of this model")
-            for i in by_key[key]:
-                if i.spec is None:
-                    raise ExecutionError(f"tunables: {key!r}: node {i.label!r} has no GPU kernel")
-                unknown = sorted(set(v) - set(i.spec.tunables))
-                if unknown:
-                    raise ExecutionError(f"tunables for {key!r}: kernel {i.spec.name} has no tunables {unknown} "
-                                         f"(known: {sorted(i.spec.tunables)})")
-        known = {t for i in self._nodes if i.spec is not None for t in i.spec.tunables}
-        known |= {t for n in nested for spec in [self._specs.find(n.domain or "", n.op_type, self._opsets.get(n.domain or "", 0))]
-                  if spec is not None for t in spec.tunables}
-        unknown = sorted(set(global_tun) - known)
-        if unknown and any(i.spec is not None for i in self._nodes):
-            raise ExecutionError(f"tunables {unknown}: no kernel of this model has them (known: {sorted(known)})")
-        for key, v in global_tun.items():
-            if not isinstance(v, int) or isinstance(v, bool):
-                raise ExecutionError(f"tunables: {key} must be an int, found {type(v).__name__} {v!r}")
-
-    def _node_overrides(self, info: _NodeInfo) -> tuple[dict[str, int], str | None]:
-        spec = info.spec
-        tun = {k: v for k, v in self._tunables.items() if not isinstance(v, Mapping) and k in spec.tunables}
-        for key in (info.node.op_type, info.label):
-            v = self._tunables.get(key)
-            if isinstance(v, Mapping):
-                tun.update(v)
-        variant = self._variants.get(info.label, self._variants.get(info.node.op_type))
-        return tun, variant
-
     # -- host nodes --------------------------------------------------------------------------
 
-    def _evaluator(self, info: _NodeInfo, reason: str | None = None):
+    def _evaluator(self, info: NodeInfo, reason: str | None = None):
         """onnx.reference's evaluator (with the com.microsoft ops and Q/DQ of every opset:
         reference_ops.py) of a one-node model holding this node (cached). ``reason``:
         why the node is not on the GPU, for the error when onnx.reference cannot run it either
@@ -458,7 +307,7 @@ class Session:
         node = info.node
         inputs = [n for n in dict.fromkeys(list(node.input) + list(info.implicit)) if n]
         if dd.is_padded(node):  # not an ONNX node: onnx.reference does not know it
-            self._evaluators[info.index] = (dd.HostPaddedNonZero(node), inputs)
+            self._evaluators[info.index] = (HostPaddedNonZero(node), inputs)
             return self._evaluators[info.index]
         opset = next((o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx")), 0)
         host, host_opset = host_node(node, opset, info.label)  # where onnx.reference needs it said otherwise
@@ -483,7 +332,7 @@ class Session:
         self._evaluators[info.index] = (ev, inputs)
         return self._evaluators[info.index]
 
-    def _eval_constant(self, info: _NodeInfo) -> None:
+    def _eval_constant(self, info: NodeInfo) -> None:
         ev, _ = self._evaluator(info)
         try:
             outs = ev.run(None, {})
@@ -497,19 +346,19 @@ class Session:
         if not isinstance(value, np.ndarray) and not np.isscalar(value):
             return value  # sequences, optionals, maps: host-only values
         arr = np.asarray(value)
-        t = _onnx_type(code)
+        t = onnx_type(code)
         if t is not None and arr.dtype != element_type(t).dtype:
             arr = arr.astype(element_type(t).dtype)
         return arr
 
-    def _control_flow(self, info: _NodeInfo) -> Any:
+    def _control_flow(self, info: NodeInfo) -> Any:
         """The runner of an If / Loop / Scan (control_flow.py) or of NonZero's region (data_dependent.py)."""
         runner = self._control.get(info.index)
         if runner is None:
             make = lambda m: Session(m, device=self.device, **{  # noqa: E731
                 **self._body_options, **body_overrides(m, self._tunables, self._variants, self._specs)})
             runner = self._control[info.index] = (
-                dd.DataDependentRegion(info, self.model, make, self.stats.add) if info.kind == "sync" else
+                DataDependentRegion(info, self.model, make, self.stats.add) if info.kind == "sync" else
                 ControlFlow(info, self.model, {**self._initializers, **self._constants}, make, self.stats.add))
         return runner
 
@@ -523,13 +372,12 @@ class Session:
             feeds[name] = v
         if info.kind in ("control", "sync"):
             outs = self._control_flow(info).run(feeds)
-            names_out = [o for o in info.node.output if o]
-            return [self._as_onnx_dtype(n, v, self._plan_elem.get(n) or self._elem(n)) for n, v in zip(names_out, outs)]
+            return self._typed_outputs(step, outs)
         ev, names = self._evaluator(info)
         out0 = next((o for o in info.node.output if o), "")
-        bits = _bits_of(self._plan_elem.get(out0) or self._elem(out0))
+        bits = _bits_of((step.output_types[0] if step.output_types else 0) or self._elem(out0))
         check_host_node(self.budget, step.label, step.op_type, [feeds.get(n) if n else None for n in info.node.input],
-                        _attributes(info.node), bits)
+                        attributes(info.node), bits)
         try:
             with warnings.catch_warnings(), np.errstate(all="ignore"):
                 warnings.simplefilter("ignore")
@@ -537,8 +385,11 @@ class Session:
         except Exception as e:
             raise ExecutionError(f"node {step.label!r} ({step.op_type}) failed on the host (onnx.reference): "
                                  f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
-        names_out = [o for o in info.node.output if o]
-        return [self._as_onnx_dtype(n, v, self._plan_elem.get(n) or self._elem(n)) for n, v in zip(names_out, outs)]
+        return self._typed_outputs(step, outs)
+
+    def _typed_outputs(self, step: HostStep, outs: Sequence[Any]) -> list[Any]:
+        """A host step's outputs in the element types its plan gives them (else the static ones)."""
+        return [self._as_onnx_dtype(n, v, t or self._elem(n)) for n, v, t in zip(step.outputs, outs, step.output_types)]
 
     # -- onnxruntime-like surface ------------------------------------------------------------
 
@@ -581,7 +432,7 @@ class Session:
     @property
     def host_node_reasons(self) -> dict[str, str]:
         """``host_nodes`` with why each runs on the host."""
-        out = {f"{i.label} ({self._op_name(i)})": self._host_labels[i.index] for i in self._nodes
+        out = {f"{i.label} ({op_name(i)})": self._host_labels[i.index] for i in self._nodes
                if i.index in self._host_labels}
         for runner in self._control.values():
             for body in runner.body_sessions():
@@ -647,153 +498,42 @@ class Session:
     def _plan_for(self, shapes: Mapping[str, tuple[int, ...]], feeds: Mapping[str, Any] | None = None) -> GraphPlan:
         """The graph plan for these input shapes; where it needs the contents of small integer
         inputs (``graph_plan.value_keyed_inputs``), for those contents too (given ``feeds``)."""
-        key = tuple(sorted((k, tuple(int(d) for d in v)) for k, v in shapes.items()))
+        key = gp.shape_key(shapes)
         keyed = self._value_keyed.get(key, ())
         given = {n: feeds[n] for n in keyed if feeds is not None and isinstance(feeds.get(n), np.ndarray)}
-        full = key + _value_key(keyed, given)
+        full = key + gp.value_key(keyed, given)
         gplan = self._plans.get(full)
         if gplan is None:
             gplan = self._build_plan(full, dict(key), given if len(given) == len(keyed) else {}, feeds)
             self._plans[gplan.key] = gplan
             self.stats.plans += 1
             while len(self._plans) > MAX_PLANS:
-                _, old = self._plans.popitem(last=False)
-                release_graph(old)
+                old, _ = self._plans.popitem(last=False)
+                release_graph(self._prepared.pop(old, None))
         else:
             self._plans.move_to_end(full)
         return gplan
 
     # -- planning ----------------------------------------------------------------------------
 
-    def _plan_gpu(self, info: _NodeInfo, values: Mapping[str, Any]):
-        """(NodePlan, '') or (None, why it runs on the host)."""
-        from onnx_quant.backend_wgpu.planner import plan_node  # noqa: PLC0415
-
-        spec, node = info.spec, info.node
-        io_shapes: dict[str, tuple[int, ...]] = {}
-        io_types: dict[str, str] = {}
-        for spec_names, value_names in ((list(spec.inputs), list(node.input)), (list(spec.outputs), list(node.output))):
-            for i, sname in enumerate(spec_names):
-                vname = value_names[i] if i < len(value_names) else ""
-                if not vname:
-                    continue  # an absent optional input or output (checked at construction)
-                v = values.get(vname)
-                shape = _concrete(None if v is None else v.shape)
-                t = None if v is None else _onnx_type(v.elem_type)
-                if shape is None or t is None:
-                    return None, (f"the {'type' if t is None else 'shape'} of {vname!r} is not known for these "
-                                  f"input shapes ({None if v is None else v.shape})")
-                io_shapes[sname] = shape
-                io_types[sname] = t
-        tun, variant = self._node_overrides(info)
-        consts = {}
-        for d in spec.inputs.values():
-            vname = node.input[d.index] if d.constant and d.index < len(node.input) else ""
-            v = values.get(vname) if vname else None
-            if v is not None and v.value is not None:
-                consts[d.name] = np.asarray(v.value)
-        try:
-            plan = plan_node(spec, shapes=io_shapes, dtypes=io_types, device=self.device.info,
-                             tunables=tun, variant=variant, node_label=info.label, attributes=_attributes(node),
-                             values=consts)
-        except KernelRejected as e:
-            # a forced variant that does not apply is the caller's error; any other ExecutionError
-            # (a tensor beyond the device's limits, a uniform value out of range) is refused, not
-            # sent to the host
-            if variant is not None:
-                raise
-            return None, e.reason
-        return plan, ""
-
-    def _infer(self, shapes: Mapping[str, tuple[int, ...]], input_values: Mapping[str, np.ndarray]) -> dict:
-        from onnx_quant.inference import infer_values  # noqa: PLC0415
-
-        try:
-            # a graph output whose declared shape contradicts what the model computes gets the
-            # computed one (onnxruntime warns and does the same): its buffer holds what is written
-            # and what the runtimes compute where onnx's inference answers otherwise (runtime=True)
-            values = infer_values(self.model, {k: list(v) for k, v in shapes.items()}, strict=False,
-                                  input_values=dict(input_values) or None, declared_outputs_win=False,
-                                  runtime=True)
-        except QuantError as e:
-            raise ExecutionError(f"shape inference for input shapes {dict(shapes)} failed: {e}") from None
-        dd.capacity_values(self._nonzeros, values)  # the padded NonZero outputs inference does not know
-        return values
-
-    def _check_shapes_fit(self, shapes: Mapping[str, tuple[int, ...]], input_values: Mapping[str, np.ndarray]) -> None:
-        """Where values stay unknown at these shapes, the user's model as given is inferred
-        strictly at them: a rule they break (an Add whose inputs no longer broadcast at an image
-        size the model was not made for) is the error, naming the user's node and the rule rather
-        than a fused op downstream whose type is unknown."""
-        from onnx_quant.inference import infer_values  # noqa: PLC0415
-
-        try:
-            infer_values(self.source_model, {k: list(v) for k, v in shapes.items()}, strict=True,
-                         input_values=dict(input_values) or None, declared_outputs_win=False, runtime=True)
-        except InferenceError as e:
-            if e.rule != "output-type":  # a declaration the graph contradicts is not the shapes' fault
-                given = ", ".join(f"{k} {list(v)}" for k, v in shapes.items())
-                raise ExecutionError(f"the input shapes ({given}) do not fit the model: {e}") from None
-        except QuantError:
-            pass  # not a shape rule: planning goes on and says what it cannot do
-
     def _build_plan(self, key: tuple, shapes: Mapping[str, tuple[int, ...]], input_values: Mapping[str, np.ndarray],
                     feeds: Mapping[str, Any] | None = None) -> GraphPlan:
-        """Run the graph compiler's phases (graph_plan.py) for one binding of input shapes (and
-        of the contents of the inputs in ``input_values``); the host fallback decisions
-        (warnings, refusals, evaluators) stay here."""
-        values = self._infer(shapes, input_values)
-        if feeds is not None and any(info.elem_type == 0 or info.shape is None for info in values.values()):
-            self._check_shapes_fit(shapes, input_values)  # a run refuses them; explain lists what they leave
-        if not input_values and feeds is not None:
-            # phase 0: inputs whose contents the plan needs; from now on this binding keys on them
-            keyed = gp.value_keyed_inputs(self._nodes, values, [vi.name for vi in self._inputs])
-            given = {n: feeds[n] for n in keyed if isinstance(feeds.get(n), np.ndarray)}
-            if keyed and len(given) == len(keyed):
-                self._value_keyed[key] = keyed
-                key = key + _value_key(keyed, given)
-                input_values = given
-                values = self._infer(shapes, input_values)
-        self._plan_elem = {n: v.elem_type for n, v in values.items()}
-        placed = gp.place(self._nodes, values)
-        kinds, reasons = placed.kinds, placed.reasons
-        live = gp.live_nodes(self._nodes, kinds, self._outputs)
-        folded = {k: v for i, fv in placed.folded_by_node.items() if i in live for k, v in fv.items()}
-        plans = self._plan_kernels(live, kinds, reasons, values, shapes)
-        roots, alias = gp.value_roots(self._nodes, kinds, live, values, [vi.name for vi in self._inputs],
-                                      list(self._initializers), self._outputs)
-        once = gp.constant_nodes(self._nodes, kinds, live, roots, alias, self._outputs)
-        ualign = int(self.device.info.limits.get("minUniformBufferOffsetAlignment", 256)) or 256
-        sched = gp.schedule(self._nodes, kinds, live, plans, roots, alias, once, reasons, self._op_name, ualign)
-        cap = int(self.device.info.limits.get("maxBufferSize", 2**62))
-        lifetimes, slot_of, slot_sizes = gp.assign_memory(roots, sched, cap, shapes)
-        return GraphPlan(key=key, roots=roots, alias=alias, schedule=sched.steps,
-                         placement=gp.placement_report(self._nodes, kinds, live, reasons),
-                         lifetimes=lifetimes, slot_of=slot_of, slot_sizes=slot_sizes,
-                         uniform_regions=sched.uniform_regions, uniform_size=sched.uniform_size, folded=folded,
-                         prologue=sched.prologue)
+        """The graph compiler (``graph_plan.compile``) for one binding of input shapes (and of the
+        contents of the inputs in ``input_values``); the host fallback policy on what it decided."""
+        compiled = gp.compile(self._graph, self.device.info, shapes, options=self._options,
+                              input_values=input_values, feeds=feeds, key=key)
+        if compiled.keyed:  # phase 0: from now on this binding keys on those inputs' contents
+            self._value_keyed[key] = compiled.keyed
+        self._host_policy(compiled, shapes)
+        return compiled.plan
 
-    def _plan_kernels(self, live: set[int], kinds: dict[int, str], reasons: dict[int, str],
-                      values: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> dict[int, Any]:
-        """Phase 3: a kernel plan per live GPU node; a node no variant takes moves to the host
-        (``kinds``/``reasons`` updated), warned about or refused per ``allow_host_fallback``."""
-        plans: dict[int, Any] = {}
-        new_host: list[_NodeInfo] = []
-        for info in self._nodes:
-            if info.index not in live:
-                continue
-            if kinds[info.index] == "host" and info.index not in self._host_labels:
-                new_host.append(info)  # e.g. a shape computation inference could not fold
-                continue
-            if kinds[info.index] != "gpu":
-                continue
-            plan, why = self._plan_gpu(info, values)
-            if plan is None:
-                kinds[info.index] = "host"
-                reasons[info.index] = why
-                new_host.append(info)
-            else:
-                plans[info.index] = plan
+    def _host_policy(self, compiled: gp.Compiled, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        """Warn about (or, with ``allow_host_fallback=False``, refuse) the plan's host nodes not
+        known to run there yet (a node no variant takes at these shapes, a shape computation
+        inference could not fold); build every host node's evaluator (refusing one onnx.reference
+        cannot run) and refuse one whose outputs exceed the memory budget."""
+        reasons = {h.index: h.reason for h in compiled.host}
+        new_host = [self._nodes[h.index] for h in compiled.host if h.declined or h.index not in self._host_labels]
         if new_host:
             if not self.allow_host_fallback:
                 raise ExecutionError(
@@ -807,13 +547,12 @@ class Session:
         if not self._planned_host:  # from now on: what the plans placed on the host
             self._host_labels = {}
             self._planned_host = True
-        for info in self._nodes:
-            if info.index in live and kinds[info.index] == "host":
-                self._evaluator(info, reasons.get(info.index))
-                self._host_labels.setdefault(info.index, reasons.get(info.index, info.reason))
-                # outputs inference sized: refused now, before any run allocates them
-                check_host_outputs(self.budget, info.label, self._user_op_name(info), info.node.output, values)
-        return plans
+        for h in compiled.host:
+            info = self._nodes[h.index]
+            self._evaluator(info, h.reason)
+            self._host_labels.setdefault(h.index, h.reason)
+            # outputs inference sized: refused now, before any run allocates them
+            check_host_outputs(self.budget, info.label, self._user_op_name(info), info.node.output, compiled.values)
 
     @holding("_lock")
     def plans(self, input_shapes: Mapping[str, Sequence[int]]) -> list[Any]:
@@ -844,12 +583,14 @@ class Session:
         gplan = self._plan_for({k: (a.dims if isinstance(a, DeviceValue) else tuple(a.shape)) for k, a in arrays.items()},
                                arrays)
         constants = {**self._initializers, **self._constants}
-        prepare_graph(self.device, gplan, self._resources, constants)
+        prep = self._prepared.get(gplan.key)
+        if prep is None or prep.plan is not gplan:
+            prep = self._prepared[gplan.key] = prepare_graph(self.device, gplan, self._resources, constants)
         host_values: dict[str, Any] = {**constants, **gplan.folded, **arrays}
         wanted_roots = frozenset(gplan.alias[n][0] for n in wanted if n not in keep)
         kept_roots = frozenset(r for r in (gplan.alias[n][0] for n in keep) if gplan.roots[r].origin == "gpu")
         self.stats.runs += 1
-        values, kept = run_graph(self.device, gplan, self._resources, arrays, host_values, self._run_host,
+        values, kept = run_graph(self.device, prep, self._resources, arrays, host_values, self._run_host,
                                  wanted_roots, kept_roots=kept_roots, profiler=self.profiler)
         self.last_run_stats = self.stats.since(before)
         result: list[Any] = []
@@ -924,12 +665,10 @@ class Session:
         [{id, name, dispatch, once_per_plan}] (a leading pass over constants only runs once per plan), fused (for a node that replaced a QDQ node unit: {rule, nodes: the
         unit's nodes as written}; else None). Input dims the model leaves symbolic or unknown are taken
         from ``input_shapes``, else 1."""
-        from onnx_quant.backend_wgpu.planner import describe  # noqa: PLC0415
-
         gplan = self._plan_for(self._explain_shapes(input_shapes))
         steps = {st.index: st for st in gplan.gpu_steps}
         seg_of = {st.index: seg.index for seg in gplan.segments for st in seg.steps}
-        once = {st.index for st in gplan.prologue or ()}
+        once = {st.index for st in gplan.prologue}
         host_after = {}
         for i, s in enumerate(gplan.schedule):
             if isinstance(s, HostStep):
@@ -998,8 +737,9 @@ class Session:
     def close(self) -> None:
         """Release the device buffers of this session's plans, initializers and constants (the
         pipelines stay cached on the device)."""
-        for gplan in self._plans.values():
-            release_graph(gplan)
+        for prep in self._prepared.values():
+            release_graph(prep)
+        self._prepared.clear()
         self._plans.clear()
         for runner in self._control.values():
             for body in runner.body_sessions():

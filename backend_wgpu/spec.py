@@ -27,6 +27,7 @@ from onnx_quant.backend_wgpu import spec_versions
 from onnx_quant.backend_wgpu.expr import (
     RESERVED_NAMES, Expr, Scope, Value, suggest,
 )
+from onnx_quant.backend_wgpu.verdict import Verdict, kernel_verdict
 from onnx_quant.dtypes import BY_NAME as DTYPES_BY_NAME
 from onnx_quant.errors import ExpressionError, SpecError
 
@@ -1055,6 +1056,12 @@ class SpecRegistry:
         if best is not None and best.until_version is not None and version > best.until_version:
             return None
         return best
+
+    def verdict(self, node: Any, domain: str, version: int, elem_of: Any) -> Verdict:
+        """(the spec of ``node``'s op at ``version`` or None, why it cannot take the node whatever
+        the shapes or '' if it can), over the static element types ``elem_of(name)`` (0: unknown,
+        decided per plan): verdict.kernel_verdict, the one verdict of the rewrites and the placement."""
+        return kernel_verdict(self, node, domain, version, elem_of)
 
     def ops(self) -> list[tuple[str, str]]:
         return sorted(self._by_op)

@@ -247,7 +247,8 @@ def raw_call_floor_us(session, repeat: int = 9) -> float:
     from onnx_quant.backend_wgpu.device import _raw_pass_functions  # noqa: PLC0415
 
     gplan = next(iter(session._plans.values()))
-    program = [c[5] + c[3] for st in gplan.gpu_steps for c in st.dispatches]
+    dispatches = session._prepared[gplan.key].dispatches  # the executor's commands per GPU step
+    program = [c[5] + c[3] for st in gplan.gpu_steps for c in dispatches[st.index]]
     set_pipeline, set_bind_group, dispatch, null = _raw_pass_functions()
     times = []
     for _ in range(repeat):

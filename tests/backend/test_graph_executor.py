@@ -99,7 +99,7 @@ def rand(shape, seed=0, scale=3.0):
 
 
 def test_size_classes():
-    from onnx_quant.backend_wgpu.executor import SIZE_CLASS_MIN, size_class
+    from onnx_quant.backend_wgpu.graph_plan import SIZE_CLASS_MIN, size_class
 
     assert size_class(4) == size_class(SIZE_CLASS_MIN) == SIZE_CLASS_MIN
     for n in (257, 300, 1000, 4096, 4097, 123457, 2**20 + 1):
@@ -111,7 +111,8 @@ def test_size_classes():
 
 
 def test_assign_buffers_reuses_only_disjoint_lifetimes():
-    from onnx_quant.backend_wgpu.executor import Lifetime, assign_buffers
+    from onnx_quant.backend_wgpu.graph_plan import assign_buffers
+    from onnx_quant.backend_wgpu.plan import Lifetime
 
     chain = [Lifetime("x", 400, 0, 0)] + [Lifetime(f"v{i}", 400, i, i + 1) for i in range(8)]
     slot, sizes = assign_buffers(chain)
@@ -125,7 +126,8 @@ def test_assign_buffers_reuses_only_disjoint_lifetimes():
 @given(st.lists(st.tuples(st.integers(0, 20), st.integers(0, 6), st.sampled_from([4, 300, 1000, 5000])),
                 min_size=1, max_size=40))
 def test_assign_buffers_never_overlaps(items):
-    from onnx_quant.backend_wgpu.executor import Lifetime, assign_buffers
+    from onnx_quant.backend_wgpu.graph_plan import assign_buffers
+    from onnx_quant.backend_wgpu.plan import Lifetime
 
     lts = [Lifetime(i, n, s, s + d) for i, (s, d, n) in enumerate(items)]
     slot, sizes = assign_buffers(lts)
@@ -498,12 +500,13 @@ def test_constant_nodes_run_once_per_plan(best):
     assert weight_dq and {e["node"] for e in once} >= {n.name for n in weight_dq}
     assert all(e["segment"] is None and e["placement"] == "gpu" for e in once)
     gplan = next(iter(s._plans.values()))
-    once_dispatches = sum(len(st.dispatches) for st in gplan.prologue)
+    prep = s._prepared[gplan.key]   # the executor's device state of the plan
+    once_dispatches = sum(len(prep.dispatches[st.index]) for st in gplan.prologue)
     assert s.stats.prologue_dispatches == once_dispatches > 0
     before = s.stats.snapshot()
     again = s.run(None, feeds)
     per_run = s.stats.dispatches - before["dispatches"]
-    assert per_run == sum(len(st.dispatches) for seg in gplan.segments for st in seg.steps)
+    assert per_run == sum(len(prep.dispatches[st.index]) for seg in gplan.segments for st in seg.steps)
     assert s.stats.prologue_dispatches == before["prologue_dispatches"]   # not repeated
     assert all(a.tobytes() == b.tobytes() for a, b in zip(first, again))
     import onnx.reference
@@ -533,12 +536,13 @@ def test_steady_runs_record_a_prebuilt_program(best):
     x = rand(64)
     first = s.run(None, {"x": x})[0]
     gplan = next(iter(s._plans.values()))
-    assert len(gplan.programs) == 1
-    (program, n), = gplan.programs.values()
+    prep = s._prepared[gplan.key]
+    assert len(prep.programs) == 1
+    (program, n), = prep.programs.values()
     assert n == 2 and program[0][0] == ("dispatches" if best.raw_recording else "dispatch")
     again = s.run(None, {"x": x})[0]
     assert again.tobytes() == first.tobytes() == np.maximum(x, 0).tobytes()
-    assert len(gplan.programs) == 1 and s.last_run_stats["host_encode_us"] > 0
+    assert len(prep.programs) == 1 and s.last_run_stats["host_encode_us"] > 0
     assert s.last_run_stats["dispatches"] == 2
 
 
@@ -563,11 +567,12 @@ def test_constant_passes_run_once_per_plan(best):
         got = s.run(None, feeds)
         assert all(np.array_equal(g, w) for g, w in zip(got, sess.run(None, feeds)))
     gplan = next(iter(s._plans.values()))
+    dispatches = s._prepared[gplan.key].dispatches   # per GPU step: its per-run commands
     convs = [st for st in gplan.gpu_steps if st.plan.kernel == "QLinearConv"]
     assert convs and all(st.hoisted >= 1 and st.plan.passes[0].id == "params" for st in convs)
-    assert all(len(st.dispatches) == len(st.plan.passes) - st.hoisted for st in convs)
+    assert all(len(dispatches[st.index]) == len(st.plan.passes) - st.hoisted for st in convs)
     hoisted = sum(st.hoisted for st in gplan.gpu_steps)
-    assert s.stats.prologue_dispatches == hoisted + sum(len(st.dispatches) for st in gplan.prologue)
-    assert s.last_run_stats["dispatches"] == sum(len(st.dispatches) for seg in gplan.segments for st in seg.steps)
+    assert s.stats.prologue_dispatches == hoisted + sum(len(dispatches[st.index]) for st in gplan.prologue)
+    assert s.last_run_stats["dispatches"] == sum(len(dispatches[st.index]) for seg in gplan.segments for st in seg.steps)
     conv = next(e for e in s.explain({"x": (1, 3, 8, 8)}) if e.get("kernel") == "QLinearConv")
     assert [p["once_per_plan"] for p in conv["passes"]][:2] == [True, False]

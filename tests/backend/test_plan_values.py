@@ -4,6 +4,8 @@ graph inputs a plan needs (graph_plan.value_keyed_inputs)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import copy
 import warnings
 from types import SimpleNamespace
@@ -144,7 +146,8 @@ def test_value_keyed_inputs_follow_a_kernel_constant_input_without_a_value():
     values["y"] = SimpleNamespace(elem_type=TP.FLOAT, shape=(4, 3), value=None)  # declared: shape known
     assert gp.value_keyed_inputs(infos, values, ["x", "r"]) == ()
     decl = SimpleNamespace(index=1, constant=True, name="repeats")
-    infos[0].spec = SimpleNamespace(inputs={"x": SimpleNamespace(index=0, constant=False), "repeats": decl})
+    infos[0] = dataclasses.replace(infos[0], spec=SimpleNamespace(
+        inputs={"x": SimpleNamespace(index=0, constant=False), "repeats": decl}))
     assert gp.value_keyed_inputs(infos, values, ["x", "r"]) == ("r",)
 
 

@@ -102,17 +102,18 @@ def test_explain_names_each_fused_unit(best):
 
 def test_a_fused_node_a_kernel_declines_runs_its_unit_on_the_host(best, monkeypatch):
     """The host runs the unit as written (onnx.reference), the graph's literal meaning."""
+    from onnx_quant.backend_wgpu import graph_plan
     from onnx_quant.backend_wgpu.session import Session
     from onnx_quant.errors import HostFallbackWarning
 
-    real = Session._plan_gpu
+    real = graph_plan.plan_kernel
 
-    def decline_qlinear_conv(self, info, values):
+    def decline_qlinear_conv(info, values, device, options):
         if info.node.op_type == "QLinearConv":
             return None, "declined by this test"
-        return real(self, info, values)
+        return real(info, values, device, options)
 
-    monkeypatch.setattr(Session, "_plan_gpu", decline_qlinear_conv)
+    monkeypatch.setattr(graph_plan, "plan_kernel", decline_qlinear_conv)
     model, feeds = case_model("cnn-per_tensor")
     with pytest.warns(HostFallbackWarning, match="declined by this test"):
         with Session(model, device=best) as s:

@@ -7,6 +7,8 @@ plan_node with the constant inputs given as values."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx.reference.ops.op_resize as ref
 import pytest
@@ -155,5 +157,5 @@ def test_small_float_graph_inputs_are_keyed_only_as_a_kernel_constant_input():
     infos = [gp.NodeInfo(0, "n0", node, "", 19, spec, "gpu", "", ())]
     values = infer_values(m, {"x": [1, 1, 2, 2], "scales": [4]})
     assert gp.value_keyed_inputs(infos, values, ["x", "scales"]) == ("scales",)
-    infos[0].spec = None  # no kernel reads it: a float input is never keyed
+    infos[0] = dataclasses.replace(infos[0], spec=None)  # no kernel reads it: a float input is never keyed
     assert gp.value_keyed_inputs(infos, values, ["x", "scales"]) == ()

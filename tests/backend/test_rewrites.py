@@ -14,7 +14,8 @@ from onnx import TensorProto as TP, helper, numpy_helper
 
 from onnx_quant import model_zoo
 from onnx_quant.backend_wgpu.model_check import static_values
-from onnx_quant.backend_wgpu.rewrites import RewriteOptions, rewrite_model, spec_rejects
+from onnx_quant.backend_wgpu.rewrites import RewriteOptions, rewrite_model
+from onnx_quant.backend_wgpu.verdict import spec_rejects
 from onnx_quant.backend_wgpu.session import _specs
 
 OFF = RewriteOptions(fold_batch_norm=False, fuse_qdq=False, fuse_dynamic=False, fuse_elementwise=False)
