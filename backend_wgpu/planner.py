@@ -25,7 +25,7 @@ from onnx_quant.backend_wgpu.expr import Env, Expr, evaluate_value, type_name
 from onnx_quant.backend_wgpu.uniforms import UNIFORM_VAR, uniform_members
 from onnx_quant.backend_wgpu.work_bounds import check_invocations
 from onnx_quant.backend_wgpu.plan import BindingPlan, BufferPlan, KernelPlan, PassPlan
-from onnx_quant.backend_wgpu.spec import (
+from .spec_model import (
     Derive, KernelSpec, Pass, PassBinding, StructMember, Variant, wgsl_scalar_of, wgsl_type_layout,
 )
 from onnx_quant.backend_wgpu.verdict import TypeBinding

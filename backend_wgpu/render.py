@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import functools
 import json
-import importlib.resources
-from pathlib import Path
 from typing import Any, Mapping
 
 import jinja2
 
 from onnx_quant.backend_wgpu import resize_taps, uniforms
+
+from .spec_loader import templates_dir
 from onnx_quant.backend_wgpu.einsum import einsum_plan
 from onnx_quant.backend_wgpu.plan import BindingPlan, PassPlan
 from onnx_quant.errors import DeviceError
@@ -68,11 +68,6 @@ def _rounded(value: float, dtype: str) -> float:
     from onnx_quant.backend_wgpu.packing import etype  # noqa: PLC0415
 
     return float(np.array([value], np.float64).astype(etype(dtype).dtype)[0])
-
-
-def templates_dir() -> Path:
-    """The installed ``templates`` package directory."""
-    return Path(str(importlib.resources.files("onnx_quant.templates")))
 
 
 @functools.lru_cache(maxsize=None)
