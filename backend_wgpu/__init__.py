@@ -13,11 +13,11 @@ __all__ = ["Session", "backend"]
 
 def __getattr__(name: str) -> Any:
     if name == "Session":
-        from onnx_quant.backend_wgpu.session import Session
+        from .session import Session
 
         return Session
     if name == "backend":
-        from onnx_quant.backend_wgpu.onnx_backend import WgpuBackend
+        from .onnx_backend import WgpuBackend
 
         return WgpuBackend
     raise AttributeError(f"module 'onnx_quant.backend_wgpu' has no attribute {name!r}")

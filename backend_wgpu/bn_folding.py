@@ -22,9 +22,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnx_quant.backend_wgpu.graph_index import GraphIndex, attributes
-from onnx_quant.backend_wgpu.passes import PassResult, RewritePass
-from onnx_quant.backend_wgpu.verdict import DEFAULT_DOMAINS
+from .graph_index import GraphIndex, attributes
+from .passes import PassResult, RewritePass
+from .verdict import DEFAULT_DOMAINS
 
 FOLDABLE_TYPES = frozenset({onnx.TensorProto.FLOAT})
 

@@ -86,7 +86,7 @@ _PLANNER_LIMITS = (
 
 def limits_used_by_specs() -> list[str]:
     """Limit names the kernel specs read (``device.limits.X``) and those the planner checks."""
-    from onnx_quant.backend_wgpu.render import templates_dir  # noqa: PLC0415
+    from .render import templates_dir  # noqa: PLC0415
 
     names = set(_PLANNER_LIMITS)
     for path in sorted(templates_dir().glob("*.kernel.json")):
@@ -95,8 +95,8 @@ def limits_used_by_specs() -> list[str]:
 
 
 def devices_report() -> list[dict[str, Any]]:
-    from onnx_quant.backend_wgpu.device import WANTED_FEATURES, list_adapters, select_adapter  # noqa: PLC0415
-    from onnx_quant.backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS  # noqa: PLC0415
+    from .device import WANTED_FEATURES, list_adapters, select_adapter  # noqa: PLC0415
+    from .device_info import WEBGPU_DEFAULT_LIMITS  # noqa: PLC0415
 
     adapters = list_adapters()
     default = select_adapter(None).index if adapters else None
@@ -146,8 +146,8 @@ def cmd_explain(args) -> int:
     """Per node of the model as written: its kernel, variant and passes, or what it became (folded,
     fused, a view, a constant, constant-folded, unused, host with why), at the input shapes
     ``--shape``/``--dim``/the defaults bind (onnx_quant/feeds.py); backend_wgpu/explaining.py."""
-    from onnx_quant.backend_wgpu import explaining  # noqa: PLC0415
-    from onnx_quant.backend_wgpu.session import Session  # noqa: PLC0415
+    from . import explaining  # noqa: PLC0415
+    from .session import Session  # noqa: PLC0415
     from onnx_quant.feeds import bind_model_shapes, graph_inputs  # noqa: PLC0415
     from onnx_quant.model_io import load_model  # noqa: PLC0415
 
@@ -308,10 +308,10 @@ def bench_dql(
     compilations and buffer allocations during the timed runs (zero: the warm-up prepared all).
     ``kernel_ms`` is the passes alone (one submit, waiting on a 4-byte read back).
     """
-    from onnx_quant.backend_wgpu.device import get_device  # noqa: PLC0415
-    from onnx_quant.backend_wgpu.executor import prepare  # noqa: PLC0415
-    from onnx_quant.backend_wgpu.session import Session  # noqa: PLC0415
-    from onnx_quant.backend_wgpu.spec import load_specs  # noqa: PLC0415
+    from .device import get_device  # noqa: PLC0415
+    from .executor import prepare  # noqa: PLC0415
+    from .session import Session  # noqa: PLC0415
+    from .spec import load_specs  # noqa: PLC0415
 
     say = log or (lambda s: None)
     device = get_device(adapter)
@@ -459,8 +459,8 @@ def cmd_bench(args) -> int:
 def cmd_conformance(args) -> int:
     """ONNX's node cases for the quantization family on the GPU: one row per case, totals;
     exit 1 if any case does not pass (a case with a node run on the host does not)."""
-    from onnx_quant.backend_wgpu.conformance import format_table, run_conformance, status, totals  # noqa: PLC0415
-    from onnx_quant.backend_wgpu.device import get_device  # noqa: PLC0415
+    from .conformance import format_table, run_conformance, status, totals  # noqa: PLC0415
+    from .device import get_device  # noqa: PLC0415
 
     ops = getattr(args, "ops", None)
     ops = [o for o in re.split(r"[,\s]+", ops) if o] if ops else None
@@ -501,7 +501,7 @@ def _conformance_suite(ops, device, as_json: bool, with_ort: bool) -> int:
     """``--suite all``: ONNX's whole node suite on the GPU (no host fallback), a row per op type
     beside onnxruntime CPU; exit 1 if any case gave a wrong value or an internal error (declines
     and missing kernels are reported, not failures)."""
-    from onnx_quant.backend_wgpu.suite import format_summary, outcome, run_suite, summarise  # noqa: PLC0415
+    from .suite import format_summary, outcome, run_suite, summarise  # noqa: PLC0415
 
     def progress(engine: str, i: int, n: int, row) -> None:
         if i % 100 == 0 or i == n:
@@ -537,7 +537,7 @@ def _conformance_suite(ops, device, as_json: bool, with_ort: bool) -> int:
 def cmd_demo(args) -> int:
     """Build a small quantized CNN, infer it, run it on the GPU and compare with the CPU
     reference (``backend_wgpu/demo.py``); exit 0 when they agree."""
-    from onnx_quant.backend_wgpu.demo import run_demo  # noqa: PLC0415
+    from .demo import run_demo  # noqa: PLC0415
 
     return run_demo(adapter=getattr(args, "adapter", None), log=lambda s: print(s, flush=True))
 

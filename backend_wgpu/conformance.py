@@ -354,7 +354,7 @@ def run_conformance(ops: Iterable[str] | None = None, *, adapter: Any = None, de
     after each case."""
     cases = family_cases(ops) if cases is None else list(cases)
     if engine == "gpu" and device is None:
-        from onnx_quant.backend_wgpu.device import get_device  # noqa: PLC0415
+        from .device import get_device  # noqa: PLC0415
 
         device = get_device(adapter)
     rows = []

@@ -23,9 +23,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from onnx_quant.backend_wgpu.graph_index import free_names, with_nested
 from onnx_quant.dtypes import element_type
 from onnx_quant.errors import ExecutionError, QuantError
+
+from .graph_index import free_names, with_nested
 
 CONTROL_OPS = frozenset({"If", "Loop", "Scan"})
 #: what placement says of an If / Loop / Scan

@@ -29,10 +29,10 @@ from typing import Any, Callable, Mapping
 import onnx
 from onnx import helper
 
-from onnx_quant.backend_wgpu.graph_index import concrete, free_names, subgraph_reads
-from onnx_quant.backend_wgpu.passes import PassResult, RewritePass, elem_lookup
-from onnx_quant.backend_wgpu.verdict import kernel_verdict
-from onnx_quant.inference.context import TensorInfo
+from ..inference.context import TensorInfo
+from .graph_index import concrete, free_names, subgraph_reads
+from .passes import PassResult, RewritePass, elem_lookup
+from .verdict import kernel_verdict
 
 #: what placement says of NonZero's region
 SYNC_WHY = ("data-dependent size: the host reads back NonZero's count, then the nodes that read its output "

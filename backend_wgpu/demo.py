@@ -126,8 +126,8 @@ def _gemm_row_sum(model: onnx.ModelProto) -> float | None:
 
 def run_demo(*, adapter: Any = None, log: Callable[[str], None] = print, seed: int = 0) -> int:
     from .reporting import host_nodes, open_session, summary, timed_runs  # noqa: PLC0415 - loads wgpu
-    from onnx_quant.inference.commands import summarize, table, value_order  # noqa: PLC0415
-    from onnx_quant.inference.engine import infer  # noqa: PLC0415
+    from ..inference.commands import summarize, table, value_order  # noqa: PLC0415
+    from ..inference.engine import infer  # noqa: PLC0415
     from onnx_quant import model_zoo  # noqa: PLC0415
 
     t_start = time.perf_counter()

@@ -33,9 +33,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from onnx_quant.backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS, DeviceInfo
-from onnx_quant.backend_wgpu.locking import holding
 from onnx_quant.errors import DeviceError
+
+from .device_info import WEBGPU_DEFAULT_LIMITS, DeviceInfo
+from .locking import holding
 
 #: features kernels may use, requested when the adapter has them (real wgpu names)
 WANTED_FEATURES: tuple[str, ...] = ("subgroup", "shader-f16", "timestamp-query")
@@ -175,7 +176,7 @@ class GpuDevice:
         limits: str | Mapping[str, int] | None = None,
         features: Iterable[str] | None = None,
     ) -> None:
-        from onnx_quant.backend_wgpu.pipelines import PipelineCache  # noqa: PLC0415
+        from .pipelines import PipelineCache  # noqa: PLC0415
 
         wgpu = _wgpu()
         #: guards the queue (upload, submit + staging map/unmap) and the caches: backend_wgpu/locking.py

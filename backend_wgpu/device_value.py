@@ -19,10 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from onnx_quant.backend_wgpu.device import release_quietly
-from onnx_quant.backend_wgpu.packing import device_nbytes, pack_array, unpack_array
 from onnx_quant.dtypes import element_type, ort_type
 from onnx_quant.errors import ExecutionError
+
+from .device import release_quietly
+from .packing import device_nbytes, pack_array, unpack_array
 
 
 class DeviceValue:

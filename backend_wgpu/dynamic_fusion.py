@@ -54,11 +54,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from onnx_quant.backend_wgpu.elementwise_fusion import DOMAIN as INTERNAL_DOMAIN  # the project's fused ops
-from onnx_quant.backend_wgpu.graph_index import GraphIndex, subgraph_reads
-from onnx_quant.backend_wgpu.passes import PassResult, RewritePass, elem_lookup, kernel_check, unit_faults
-from onnx_quant.backend_wgpu.qdq_fusion import MS_DOMAIN, Decline, FusedUnit, FusionResult
-from onnx_quant.backend_wgpu.verdict import DEFAULT_DOMAINS
+from .elementwise_fusion import DOMAIN as INTERNAL_DOMAIN  # the project's fused ops
+from .graph_index import GraphIndex, subgraph_reads
+from .passes import PassResult, RewritePass, elem_lookup, kernel_check, unit_faults
+from .qdq_fusion import MS_DOMAIN, Decline, FusedUnit, FusionResult
+from .verdict import DEFAULT_DOMAINS
 
 TARGETS = ("MatMulInteger", "ConvInteger")
 

@@ -30,10 +30,10 @@ from typing import Any, Callable
 import onnx
 from onnx import helper
 
-from onnx_quant.backend_wgpu.graph_index import GraphIndex, attributes, since_version
-from onnx_quant.backend_wgpu.passes import PassResult, RewritePass, elem_lookup, kernel_check, unit_faults
-from onnx_quant.backend_wgpu.qdq_fusion import FusedUnit, FusionResult
-from onnx_quant.backend_wgpu.verdict import DEFAULT_DOMAINS
+from .graph_index import GraphIndex, attributes, since_version
+from .passes import PassResult, RewritePass, elem_lookup, kernel_check, unit_faults
+from .qdq_fusion import FusedUnit, FusionResult
+from .verdict import DEFAULT_DOMAINS
 
 DOMAIN = "ai.onnx_quant"
 OP_TYPE = "FusedElementwise"

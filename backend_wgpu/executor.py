@@ -29,12 +29,13 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from onnx_quant.backend_wgpu.device import release_quietly
-from onnx_quant.backend_wgpu.device_value import DeviceValue
-from onnx_quant.backend_wgpu.packing import etype as _etype, pack_array, packed_nbytes, unpack_array  # noqa: F401 (re-exported)
-from onnx_quant.backend_wgpu.pipelines import layout_key
-from onnx_quant.backend_wgpu.plan import BufferPlan, GpuStep, GraphPlan, HostStep, KernelPlan, Segment
 from onnx_quant.errors import ExecutionError
+
+from .device import release_quietly
+from .device_value import DeviceValue
+from .packing import etype as _etype, pack_array, packed_nbytes, unpack_array  # noqa: F401 (re-exported)
+from .pipelines import layout_key
+from .plan import BufferPlan, GpuStep, GraphPlan, HostStep, KernelPlan, Segment
 
 #: how many prepared plans a device keeps (least recently used ones are released)
 MAX_PREPARED_PLANS = 64

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import onnx
 
-from onnx_quant.backend_wgpu import data_dependent as dd
+from . import data_dependent as dd
 
 #: placement -> how a node that runs no kernel reads in the listing
 NO_KERNEL_TEXT = {
@@ -89,7 +89,7 @@ def shape_diagnostics(user_model: onnx.ModelProto, shapes: dict[str, tuple[int, 
     """What inference of the model as written finds wrong at these input shapes and not with the
     declared (symbolic) ones: the nodes these shapes make invalid."""
     from onnx_quant.errors import QuantError  # noqa: PLC0415
-    from onnx_quant.inference.engine import infer  # noqa: PLC0415
+    from ..inference.engine import infer  # noqa: PLC0415
 
     try:
         at = infer(user_model, input_shapes={k: list(v) for k, v in shapes.items()}, strict=False).diagnostics

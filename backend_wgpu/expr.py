@@ -37,9 +37,9 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Iterable, Mapping
 
-from onnx_quant.backend_wgpu.device_info import KNOWN_FEATURES, WEBGPU_DEFAULT_LIMITS
 from onnx_quant.errors import ExpressionError
 
+from .device_info import KNOWN_FEATURES, WEBGPU_DEFAULT_LIMITS
 from .index_math import div_magic, slice_map
 
 __all__ = [
@@ -696,7 +696,7 @@ class _Evaluator:
                     raise self.fail(f"sliceMap() needs lists of ints, found {type_name(a)}")
             return slice_map(*args)
         if fname == "resizeTables":  # Resize's per-axis tap tables (backend_wgpu/resize_taps.py)
-            from onnx_quant.backend_wgpu.resize_taps import resize_tables  # noqa: PLC0415 - numpy
+            from .resize_taps import resize_tables  # noqa: PLC0415 - numpy
 
             return _as_value(resize_tables(*args))
         if fname == "bits":

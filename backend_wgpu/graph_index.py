@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from onnx_quant.backend_wgpu.verdict import DEFAULT_DOMAINS
+from .verdict import DEFAULT_DOMAINS
 
 
 def concrete(shape: Any) -> tuple[int, ...] | None:

@@ -36,18 +36,19 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from onnx_quant.backend_wgpu import data_dependent as dd
-from onnx_quant.backend_wgpu.device_info import DeviceInfo
-from onnx_quant.backend_wgpu.graph_index import attributes, concrete
-from onnx_quant.backend_wgpu.packing import device_nbytes
-from onnx_quant.backend_wgpu.placement import (
+from onnx_quant.errors import ExecutionError, InferenceError, KernelRejected, QuantError
+
+from . import data_dependent as dd
+from ..inference import infer_values
+from .device_info import DeviceInfo
+from .graph_index import attributes, concrete
+from .packing import device_nbytes
+from .placement import (
     ModelFacts, NodeInfo, classify, live_nodes, node_overrides, op_name, place, placement_report,
 )
-from onnx_quant.backend_wgpu.plan import GpuStep, GraphPlan, HostStep, Lifetime, RootValue, Segment
-from onnx_quant.backend_wgpu.planner import plan_node
-from onnx_quant.backend_wgpu.verdict import onnx_type
-from onnx_quant.errors import ExecutionError, InferenceError, KernelRejected, QuantError
-from onnx_quant.inference import infer_values
+from .plan import GpuStep, GraphPlan, HostStep, Lifetime, RootValue, Segment
+from .planner import plan_node
+from .verdict import onnx_type
 
 
 # ----------------------------------------------------------------------------- the compiler's input

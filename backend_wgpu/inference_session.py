@@ -30,10 +30,11 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from onnx_quant.backend_wgpu.device import get_device, list_adapters, select_adapter
-from onnx_quant.backend_wgpu.device_value import DeviceValue
-from onnx_quant.backend_wgpu.session import NodeArg, Session
 from onnx_quant.errors import DeviceError, ExecutionError
+
+from .device import get_device, list_adapters, select_adapter
+from .device_value import DeviceValue
+from .session import NodeArg, Session
 
 CPU_NAMES = frozenset({"cpu", "cpuexecutionprovider"})
 BEST_GPU_NAMES = frozenset({"webgpu", "webgpuexecutionprovider", "gpu"})

@@ -13,8 +13,8 @@ def static_values(model: onnx.ModelProto) -> dict:
     """Name -> TensorInfo from a lenient pass; raises the first structural ``InferenceError``
     (``graph-order``, ``single-assignment``, ``graph-output``, ``function-recursion``,
     ``graph-depth``); any other failure of the pass is an ``ExecutionError``."""
-    from onnx_quant.inference import infer  # noqa: PLC0415
-    from onnx_quant.inference.structure import STRUCTURAL_RULES, first_structural_error  # noqa: PLC0415
+    from ..inference import infer  # noqa: PLC0415
+    from ..inference.structure import STRUCTURAL_RULES, first_structural_error  # noqa: PLC0415
 
     try:
         result = infer(model, strict=False, runtime=True)

@@ -109,7 +109,7 @@ class WgpuBackend(Backend):
 
     @classmethod
     def prepare(cls, model: Any, device: str = "CPU", **kwargs: Any) -> WgpuBackendRep:
-        from onnx_quant.backend_wgpu.session import Session  # noqa: PLC0415
+        from .session import Session  # noqa: PLC0415
 
         kw = cls._session_kwargs(device, kwargs)
         if isinstance(model, onnx.ModelProto):
@@ -166,7 +166,7 @@ class WgpuBackend(Backend):
             onnx.helper.make_graph([node], f"run_node_{node.op_type}", graph_inputs, graph_outputs),
             opset_imports=imports)
         kw = {k: v for k, v in kwargs.items() if k != "opset_version"}
-        from onnx_quant.backend_wgpu.session import Session  # noqa: PLC0415
+        from .session import Session  # noqa: PLC0415
 
         session = Session(model, **cls._session_kwargs(device, kw))
         try:

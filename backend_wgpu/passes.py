@@ -19,10 +19,11 @@ from typing import Any, Callable, Mapping
 
 import onnx
 
-from onnx_quant.backend_wgpu.graph_index import subgraph_reads
-from onnx_quant.backend_wgpu.model_check import static_values
-from onnx_quant.backend_wgpu.verdict import written_node_rejects
 from onnx_quant.errors import QuantError
+
+from .graph_index import subgraph_reads
+from .model_check import static_values
+from .verdict import written_node_rejects
 
 
 class PassContractError(QuantError):

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 from onnx_quant.errors import DeviceError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from onnx_quant.backend_wgpu.device import GpuDevice
-    from onnx_quant.backend_wgpu.plan import BindingPlan, PassPlan
+    from .device import GpuDevice
+    from .plan import BindingPlan, PassPlan
 
 _BUFFER_TYPES = {"read": "read-only-storage", "read_write": "storage", "uniform": "uniform"}
 
@@ -77,7 +77,7 @@ class PipelineCache:
                  variant: str | None = None) -> CompiledPipeline:
         """The pipeline of a planned pass, keyed before rendering; rendered and compiled on a miss
         (a miss whose source another key already compiled reuses that pipeline)."""
-        from onnx_quant.backend_wgpu.render import pipeline_key, render  # noqa: PLC0415
+        from .render import pipeline_key, render  # noqa: PLC0415
 
         pass_key = (pipeline_key(pass_plan), "main", key)
         hit = self._by_pass_key.get(pass_key)

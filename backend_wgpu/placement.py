@@ -26,12 +26,13 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from onnx_quant.backend_wgpu import data_dependent as dd
-from onnx_quant.backend_wgpu.control_flow import CONTROL_WHY, is_control
-from onnx_quant.backend_wgpu.graph_index import attributes, concrete, subgraph_reads, with_nested
-from onnx_quant.backend_wgpu.verdict import DEFAULT_DOMAINS, VIEW_OPS, kernel_verdict, onnx_type, op_text
 from onnx_quant.dtypes import element_type, type_name
 from onnx_quant.errors import ExecutionError
+
+from . import data_dependent as dd
+from .control_flow import CONTROL_WHY, is_control
+from .graph_index import attributes, concrete, subgraph_reads, with_nested
+from .verdict import DEFAULT_DOMAINS, VIEW_OPS, kernel_verdict, onnx_type, op_text
 
 #: ops whose integer outputs are folded into the plan when shape inference computed them
 #: (shape arithmetic: Shape -> Gather -> Concat -> Reshape and the like)

@@ -19,18 +19,19 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 from onnx import numpy_helper
 
-from onnx_quant.backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS, DeviceInfo
-from onnx_quant.backend_wgpu.packing import device_nbytes
-from onnx_quant.backend_wgpu.expr import Env, Expr, evaluate_value, type_name
-from onnx_quant.backend_wgpu.uniforms import UNIFORM_VAR, uniform_members
-from onnx_quant.backend_wgpu.work_bounds import check_invocations
-from onnx_quant.backend_wgpu.plan import BindingPlan, BufferPlan, KernelPlan, PassPlan
+from onnx_quant.dtypes import UnknownElementType, element_type
+from onnx_quant.errors import ExecutionError, ExpressionError, KernelRejected, SpecError
+
+from .device_info import WEBGPU_DEFAULT_LIMITS, DeviceInfo
+from .expr import Env, Expr, evaluate_value, type_name
+from .packing import device_nbytes
+from .plan import BindingPlan, BufferPlan, KernelPlan, PassPlan
 from .spec_model import (
     Derive, KernelSpec, Pass, PassBinding, StructMember, Variant, wgsl_scalar_of, wgsl_type_layout,
 )
-from onnx_quant.backend_wgpu.verdict import TypeBinding
-from onnx_quant.dtypes import UnknownElementType, element_type
-from onnx_quant.errors import ExecutionError, ExpressionError, KernelRejected, SpecError
+from .uniforms import UNIFORM_VAR, uniform_members
+from .verdict import TypeBinding
+from .work_bounds import check_invocations
 
 __all__ = [
     "plan_node", "describe", "NodePlan", "UniformField", "UniformLayout", "uniform_layout",

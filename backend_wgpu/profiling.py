@@ -26,8 +26,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from onnx_quant.backend_wgpu.device import release_quietly
 from onnx_quant.errors import ExecutionError
+
+from .device import release_quietly
 
 #: query-set capacity granularity (dispatches); the set grows by whole chunks
 _QUERY_CHUNK = 256

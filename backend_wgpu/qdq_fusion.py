@@ -54,10 +54,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_quant.backend_wgpu.graph_index import GraphIndex, since_version, subgraph_reads
-from onnx_quant.backend_wgpu.model_check import static_values
-from onnx_quant.backend_wgpu.passes import PassResult, RewritePass, elem_lookup, kernel_check, unit_faults
-from onnx_quant.backend_wgpu.verdict import DEFAULT_DOMAINS
+from .graph_index import GraphIndex, since_version, subgraph_reads
+from .model_check import static_values
+from .passes import PassResult, RewritePass, elem_lookup, kernel_check, unit_faults
+from .verdict import DEFAULT_DOMAINS
 
 MS_DOMAIN = "com.microsoft"
 

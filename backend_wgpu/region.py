@@ -16,9 +16,10 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from onnx_quant.backend_wgpu.device_value import DeviceValue
 from onnx_quant.dtypes import element_type
 from onnx_quant.errors import ExecutionError, QuantError
+
+from .device_value import DeviceValue
 
 
 class HostPaddedNonZero:

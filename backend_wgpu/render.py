@@ -31,12 +31,12 @@ from typing import Any, Mapping
 
 import jinja2
 
-from onnx_quant.backend_wgpu import resize_taps, uniforms
-
-from .spec_loader import templates_dir
-from onnx_quant.backend_wgpu.einsum import einsum_plan
-from onnx_quant.backend_wgpu.plan import BindingPlan, PassPlan
 from onnx_quant.errors import DeviceError
+
+from . import resize_taps, uniforms
+from .einsum import einsum_plan
+from .plan import BindingPlan, PassPlan
+from .spec_loader import templates_dir
 
 
 class TemplateFailure(jinja2.TemplateError):
@@ -52,7 +52,7 @@ def _value_lanes(value: float, dtype: str) -> list[int]:
     a shader): one lane, zero-extended, for types up to 32 bits; two (low first) for 64-bit."""
     import numpy as np  # noqa: PLC0415
 
-    from onnx_quant.backend_wgpu.packing import pack_array  # noqa: PLC0415
+    from .packing import pack_array  # noqa: PLC0415
     from onnx_quant.dtypes import element_type  # noqa: PLC0415
 
     raw = bytes(pack_array(np.array([value]).astype(element_type(dtype).dtype), dtype))
@@ -65,7 +65,7 @@ def _rounded(value: float, dtype: str) -> float:
     Python float: what a reference computing in that type holds."""
     import numpy as np  # noqa: PLC0415
 
-    from onnx_quant.backend_wgpu.packing import etype  # noqa: PLC0415
+    from .packing import etype  # noqa: PLC0415
 
     return float(np.array([value], np.float64).astype(etype(dtype).dtype)[0])
 

@@ -239,7 +239,7 @@ def saturated_words(value: float, dtype: str) -> list[int]:
     (integers rounded half to even and clamped), e.g. extrapolation_value."""
     import ml_dtypes  # noqa: PLC0415
 
-    from onnx_quant.backend_wgpu.packing import device_bits, etype, pack_array  # noqa: PLC0415
+    from .packing import device_bits, etype, pack_array  # noqa: PLC0415
 
     et = etype(dtype)
     v = np.array([value], np.float64)

@@ -26,12 +26,12 @@ from typing import Any
 
 import onnx
 
-from onnx_quant.backend_wgpu.bn_folding import FoldBatchNorm
-from onnx_quant.backend_wgpu.data_dependent import SplitDataDependent
-from onnx_quant.backend_wgpu.dynamic_fusion import DynamicFusion
-from onnx_quant.backend_wgpu.elementwise_fusion import ElementwiseFusion
-from onnx_quant.backend_wgpu.passes import PassResult, RewritePass
-from onnx_quant.backend_wgpu.qdq_fusion import QdqFusion
+from .bn_folding import FoldBatchNorm
+from .data_dependent import SplitDataDependent
+from .dynamic_fusion import DynamicFusion
+from .elementwise_fusion import ElementwiseFusion
+from .passes import PassResult, RewritePass
+from .qdq_fusion import QdqFusion
 
 
 @dataclass(frozen=True)

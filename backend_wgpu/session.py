@@ -43,33 +43,35 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import onnx
 
-from onnx_quant.backend_wgpu import data_dependent as dd
-from onnx_quant.backend_wgpu import graph_plan as gp
-from onnx_quant.backend_wgpu import placement
-from onnx_quant.backend_wgpu.control_flow import ControlFlow, body_overrides
-from onnx_quant.backend_wgpu.device import GpuDevice, get_device
-from onnx_quant.backend_wgpu.device_value import DeviceValue, stand_in
-from onnx_quant.backend_wgpu.executor import (
-    PreparedGraph, SessionResources, SessionStats, prepare_graph, release_graph, run_graph,
-)
-from onnx_quant.backend_wgpu.graph_index import attributes
-from onnx_quant.backend_wgpu.host_rewrites import host_node
-from onnx_quant.backend_wgpu.host_sizes import check_host_node
-from onnx_quant.backend_wgpu.locking import holding
-from onnx_quant.backend_wgpu.model_check import check_host_outputs, static_values
-from onnx_quant.backend_wgpu.placement import NodeInfo, op_name
-from onnx_quant.backend_wgpu.plan import GraphPlan, HostStep, Segment
-from onnx_quant.backend_wgpu.planner import describe
-from onnx_quant.backend_wgpu.profiling import Profiler
-from onnx_quant.backend_wgpu.region import DataDependentRegion, HostPaddedNonZero
-from onnx_quant.backend_wgpu.rewrites import RewriteOptions, rewrite_model
-from onnx_quant.backend_wgpu.spec import load_specs
-from onnx_quant.backend_wgpu.verdict import onnx_type
 from onnx_quant.budget import resolve as resolve_budget
+from onnx_quant.dim_text import is_anonymous
 from onnx_quant.dtypes import element_type, ort_type, type_name
 from onnx_quant.errors import ExecutionError, HostFallbackWarning, QuantError
-from onnx_quant.inference.dims import is_anonymous, to_text as dim_text
 from onnx_quant.model_io import initializer_arrays, load_model
+
+from . import data_dependent as dd
+from . import graph_plan as gp
+from . import placement
+from ..inference.dims import to_text as dim_text
+from .control_flow import ControlFlow, body_overrides
+from .device import GpuDevice, get_device
+from .device_value import DeviceValue, stand_in
+from .executor import (
+    PreparedGraph, SessionResources, SessionStats, prepare_graph, release_graph, run_graph,
+)
+from .graph_index import attributes
+from .host_rewrites import host_node
+from .host_sizes import check_host_node
+from .locking import holding
+from .model_check import check_host_outputs, static_values
+from .placement import NodeInfo, op_name
+from .plan import GraphPlan, HostStep, Segment
+from .planner import describe
+from .profiling import Profiler
+from .region import DataDependentRegion, HostPaddedNonZero
+from .rewrites import RewriteOptions, rewrite_model
+from .spec import load_specs
+from .verdict import onnx_type
 
 #: graph plans (device buffers included) a session keeps; the least recently used is released
 MAX_PLANS = 16

@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from onnx_quant import opsets
+from onnx_quant.errors import SpecError
+
 from .spec_loader import load_spec_document
 from .spec_model import KernelSpec
-from onnx_quant.backend_wgpu.spec_versions import intersect_types
-from onnx_quant.errors import SpecError
+from .spec_versions import intersect_types
 
 _TABLE_KEYS = {"description", "families", "ops"}
 _FAMILY_KEYS = {"extends", "passShaders", "inputs", "outputs", "description", "parts", "types", "attributes"}

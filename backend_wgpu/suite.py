@@ -22,8 +22,9 @@ import collections
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from onnx_quant.backend_wgpu.conformance import CaseResult, case_op_type, run_conformance
 from onnx_quant.node_cases import all_node_cases
+
+from .conformance import CaseResult, case_op_type, run_conformance
 
 OUTCOMES = ("pass", "wrong", "declined", "no kernel", "error")
 

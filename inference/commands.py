@@ -11,12 +11,13 @@ import sys
 
 import onnx
 
-from onnx_quant.inference.context import TensorInfo
-from onnx_quant.inference.engine import InferenceResult, check, infer, write_back
 from onnx_quant.cli import EXIT_OK, EXIT_PROBLEMS, EXIT_UNUSABLE
 from onnx_quant.dtypes import type_name
 from onnx_quant.examples import example_model
 from onnx_quant.model_io import load_model
+
+from .context import TensorInfo
+from .engine import InferenceResult, check, infer, write_back
 
 
 def cmd_infer(args: argparse.Namespace) -> int:

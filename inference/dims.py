@@ -47,6 +47,8 @@ from typing import Union
 
 from onnx import TensorShapeProto
 
+from onnx_quant.dim_text import is_anonymous
+
 # A monomial is a sorted tuple of atoms (repeats are powers); () is the constant term.
 _Monomial = tuple
 _Terms = tuple  # sorted tuple of (monomial, coeff), coeff != 0
@@ -613,16 +615,6 @@ def to_text(d: DimLike) -> str:
 
 
 _ALLOWED_CALLS = {"floor", "ceil", "max", "min"}
-
-
-#: dim_param texts exporters write for "unknown" (paddle2onnx ``?``; ``-1`` and ``None`` from
-#: shape lists printed as text): not names, so two of them are not the same dim
-ANONYMOUS_TEXTS = frozenset({"", "?", "-1", "None"})
-
-
-def is_anonymous(text: str) -> bool:
-    """Whether a dim_param text names no dim (see :data:`ANONYMOUS_TEXTS`)."""
-    return text.strip() in ANONYMOUS_TEXTS
 
 
 _NOT_IDENT = re.compile(r"\W")

@@ -27,6 +27,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from onnx_quant.dim_text import is_anonymous
 from onnx_quant.errors import ArgumentError, ExecutionError, QuantError
 
 #: the value of a symbolic dim first seen on an input's first axis that no option binds
@@ -69,8 +70,6 @@ class GraphInput:
 
 def _declared_dim(d: Any) -> Any:
     """One ``TensorShapeProto.Dimension`` as a GraphInput dim."""
-    from onnx_quant.inference.dims import is_anonymous  # noqa: PLC0415
-
     if d.HasField("dim_value"):
         return None if d.dim_value == -1 else int(d.dim_value)
     if d.HasField("dim_param") and not is_anonymous(d.dim_param):

@@ -24,9 +24,9 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 from onnx import TensorProto, helper
 
-from onnx_quant.inference import dims
-from onnx_quant.inference.context import TensorInfo
-from onnx_quant.inference.dims import Dim, DimLike
+from .. import dims
+from ..context import TensorInfo
+from ..dims import Dim, DimLike
 
 #: largest value (in elements) a rule computes and keeps
 MAX_VALUE_ELEMS = 64

@@ -36,16 +36,16 @@ from __future__ import annotations
 
 from onnx import TensorProto
 
-from onnx_quant.inference import dims
-from onnx_quant.inference.context import TensorInfo
-from onnx_quant.inference.registry import register
-from onnx_quant.inference.rules import shape_math
-from onnx_quant.inference.rules._wm_common import (
+from . import shape_math
+from .. import dims
+from ..context import TensorInfo
+from ..registry import register
+from ._wm_common import (
     FLOAT, broadcast_shapes, check_same_type, first_type, need, norm_axes, norm_axis, shape_problem, shape_text,
     type_text,
 )
-from onnx_quant.inference.rules.nn import gemm_output_shape, global_pool_shape, pool_output_shape
-from onnx_quant.inference.rules.tensor_ops import concat_shape
+from .nn import gemm_output_shape, global_pool_shape, pool_output_shape
+from .tensor_ops import concat_shape
 
 MS = "com.microsoft"
 UINT8 = TensorProto.UINT8

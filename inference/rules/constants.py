@@ -11,10 +11,10 @@ import math
 import numpy as np
 from onnx import TensorProto, numpy_helper
 
-from onnx_quant.inference import dims
-from onnx_quant.inference.dims import DimLike
-from onnx_quant.inference.registry import register
-from onnx_quant.inference.rules._wm_common import (
+from .. import dims
+from ..dims import DimLike
+from ..registry import register
+from ._wm_common import (
     INT64, MAX_VALUE_ELEMS, check_same_type, entries, make_value, max0, need, nonneg, product, shape_text, tidy,
     set_info, rank_only, clamp, scalar,
 )

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnx_quant.inference.context import TensorInfo
-from onnx_quant.inference.registry import register
-from onnx_quant.inference.rules._wm_common import INT64, need, norm_axis, numeric, product
+from ..context import TensorInfo
+from ..registry import register
+from ._wm_common import INT64, need, norm_axis, numeric, product
 
 
 @register("NonZero", 9, 13)

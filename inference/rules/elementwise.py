@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from onnx_quant.inference import dims
-from onnx_quant.inference.context import TensorInfo
-from onnx_quant.inference.registry import register
-from onnx_quant.inference.rules._wm_common import (
+from .. import dims
+from ..context import TensorInfo
+from ..registry import register
+from ._wm_common import (
     BOOL, MAX_VALUE_ELEMS, broadcast_shapes, check_same_type, dim_min, elementwise_symbolic, exact_div, need, nonneg, np_dtype, shape_text, tidy, type_text,
 )
 

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from onnx import TensorProto
 
-from onnx_quant.inference.context import TensorInfo
-from onnx_quant.inference.registry import register
-from onnx_quant.inference.rules import shape_math
-from onnx_quant.inference.rules._wm_common import (
+from . import shape_math
+from ..context import TensorInfo
+from ..registry import register
+from ._wm_common import (
     FLOAT, broadcast_shapes, check_same_type, need, shape_problem, shape_text, type_text,
 )
-from onnx_quant.inference.rules.com_microsoft import dynamic_quantize_matmul, matmul_integer_to_float
-from onnx_quant.inference.rules.nn import conv, conv_attrs, gemm, matmul
+from .com_microsoft import dynamic_quantize_matmul, matmul_integer_to_float
+from .nn import conv, conv_attrs, gemm, matmul
 
 DOMAIN = "ai.onnx_quant"
 

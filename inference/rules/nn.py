@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from onnx_quant.inference import dims
-from onnx_quant.inference.context import TensorInfo
-from onnx_quant.inference.dims import DimLike
-from onnx_quant.inference.registry import register
-from onnx_quant.inference.rules import shape_math
-from onnx_quant.inference.rules._wm_common import (
+from . import shape_math
+from .. import dims
+from ..context import TensorInfo
+from ..dims import DimLike
+from ..registry import register
+from ._wm_common import (
     FLOAT, INT64, check_same_type, merge_dim, need, norm_axis, shape_problem, shape_text,
 )
 

@@ -8,10 +8,10 @@ schema problems under ``schema.*`` (see ``docs/validation.md``).
 
 from __future__ import annotations
 
-from onnx_quant.inference import dims
-from onnx_quant.inference.context import ShapesContext, TensorInfo
-from onnx_quant.inference.registry import NodeContext, register
-from onnx_quant.inference.rules.quant_params import (
+from .. import dims
+from ..context import ShapesContext, TensorInfo
+from ..registry import NodeContext, register
+from .quant_params import (
     UNKNOWN,
     attr,
     check_per_tensor,
@@ -20,7 +20,7 @@ from onnx_quant.inference.rules.quant_params import (
     fixed_output_type,
     is_per_tensor_shape,
 )
-from onnx_quant.inference.rules.shape_math import (
+from .shape_math import (
     ShapeProblem,
     checked_conv_output_shape,
     conv_problems,

@@ -22,13 +22,14 @@ from typing import Sequence
 import numpy as np
 from onnx import AttributeProto, TensorProto
 
-from onnx_quant.inference import dims
-from onnx_quant.inference.context import TensorInfo
-from onnx_quant.inference.registry import NodeContext
-from onnx_quant.inference.rules.shape_math import provably_different, provably_equal, shape_text
 from onnx_quant import opsets
 from onnx_quant.dtypes import BY_CODE, type_name
 from onnx_quant.opsets import OpFacts
+
+from .. import dims
+from ..context import TensorInfo
+from ..registry import NodeContext
+from .shape_math import provably_different, provably_equal, shape_text
 
 UNKNOWN = TensorInfo()
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from onnx import TensorProto
 
-from onnx_quant.inference.context import ShapesContext, TensorInfo
-from onnx_quant.inference.registry import NodeContext, register
-from onnx_quant.inference.rules.quant_params import (
+from ..context import ShapesContext, TensorInfo
+from ..registry import NodeContext, register
+from .quant_params import (
     UNKNOWN,
     attr,
     check_int32_zero_point,

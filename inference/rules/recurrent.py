@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from onnx import TensorProto
 
-from onnx_quant.inference.context import TensorInfo
-from onnx_quant.inference.registry import register
-from onnx_quant.inference.rules._wm_common import need, shape_text, type_text
-from onnx_quant.inference.rules.shape_math import provably_different
+from ..context import TensorInfo
+from ..registry import register
+from ._wm_common import need, shape_text, type_text
+from .shape_math import provably_different
 
 DIRECTIONS = {"forward": 1, "reverse": 1, "bidirectional": 2}
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4, "DynamicQuantizeLSTM": 4}

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from onnx_quant.inference.dims import DimLike
-from onnx_quant.inference.registry import register
-from onnx_quant.inference.rules._wm_common import (
+from ..dims import DimLike
+from ..registry import register
+from ._wm_common import (
     INT64, broadcast_shapes, check_same_type, entries, merge_dim, need, norm_axes, norm_axis, shape_text, set_info,
     rank_only, scalar,
 )

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
 
-from onnx_quant.inference import dims
-from onnx_quant.inference.dims import DimLike
+from .. import dims
+from ..dims import DimLike
 
 Shape = tuple  # tuple[DimLike, ...]
 

@@ -16,11 +16,11 @@ import math
 import numpy as np
 from onnx import TensorProto
 
-from onnx_quant.inference import dims
-from onnx_quant.inference.context import TensorInfo
-from onnx_quant.inference.dims import DimLike
-from onnx_quant.inference.registry import register
-from onnx_quant.inference.rules._wm_common import (
+from .. import dims
+from ..context import TensorInfo
+from ..dims import DimLike
+from ..registry import register
+from ._wm_common import (
     BIG, MAX_VALUE_ELEMS, as_object, broadcast_shapes, check_same_type, dim_min, entries, exact_div,
     make_value, max0, merge_dim, need, nonneg, norm_axes, norm_axis, numeric, product, shape_text, tidy, type_text,
     set_info, rank_only, clamp,
