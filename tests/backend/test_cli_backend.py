@@ -17,7 +17,7 @@ from onnx_quant.cli import main
 
 @pytest.fixture(scope="module")
 def gpu():
-    from conftest import gpu_adapters
+    from support.gpu import gpu_adapters
 
     return gpu_adapters()
 

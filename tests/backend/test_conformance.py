@@ -24,7 +24,7 @@ from onnx_quant.errors import ExecutionError
 
 @pytest.fixture(scope="module")
 def device():
-    from conftest import no_gpu
+    from support.gpu import no_gpu
 
     from onnx_quant.backend_wgpu.device import get_device, list_adapters
     from onnx_quant.errors import DeviceError

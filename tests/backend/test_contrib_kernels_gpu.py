@@ -20,7 +20,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import skip_unless_ci
+from support.gpu import skip_unless_ci
 from onnx import TensorProto, helper
 
 from onnx_quant.errors import ExecutionError
@@ -412,7 +412,7 @@ def test_onnxruntime_qoperator_model_runs_bit_exact(tmp_path):
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     from onnx_quant.backend_wgpu.session import Session
-    from conftest import gpu_device
+    from support.gpu import gpu_device
 
     r = np.random.default_rng(12)
     inits = {"W": (r.standard_normal((8, 3, 3, 3)) * 0.3).astype(F32), "B": r.standard_normal(8).astype(F32),
@@ -459,7 +459,7 @@ def test_kernels_agree_on_opengl(best):
     """A representative of every template renders, compiles and gives the same bits on the
     OpenGL adapter (no subgroups, another shader compiler path) as on the best adapter,
     every variant forced."""
-    from conftest import gpu_device
+    from support.gpu import gpu_device
     from test_float_kernels_gpu import bits, data
 
     gl = gpu_device("opengl")

@@ -21,7 +21,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from onnx import helper, numpy_helper
-from conftest import assert_node_cases_pass_or_declined
+from support.gpu import assert_node_cases_pass_or_declined
 
 
 

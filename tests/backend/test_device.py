@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, numpy_helper
 
-from conftest import gpu_adapters
+from support.gpu import gpu_adapters
 from onnx_quant.backend_wgpu import device as devmod
 from onnx_quant.backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS
 from onnx_quant.backend_wgpu.executor import pack_array, packed_nbytes, unpack_array

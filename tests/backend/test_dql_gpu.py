@@ -29,7 +29,7 @@ VARIANTS = ("single_invocation", "parallel_subgroup_reduce_vec4", "parallel_subg
 @pytest.fixture(scope="module", params=["best", "best-no-subgroup", "opengl"])
 def dev(request):
     """Also the default adapter without its optional features (the workgroup-memory paths)."""
-    from conftest import gpu_device
+    from support.gpu import gpu_device
 
     return gpu_device(request.param)
 

@@ -22,7 +22,7 @@ from onnx import TensorProto as TP, helper
 from onnx_quant.backend_wgpu.elementwise_fusion import DOMAIN, MAX_INPUTS, MAX_STEPS, OP_TYPE, fuse_elementwise
 from onnx_quant.backend_wgpu.model_check import static_values
 from onnx_quant.backend_wgpu.session import _specs
-from conftest import onnxruntime_run
+from support.oracles import onnxruntime_run
 
 
 def make_model(nodes, inputs, output="y", elem=TP.FLOAT, outputs=None) -> onnx.ModelProto:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from onnx import helper, numpy_helper
 
-from conftest import assert_node_cases_pass_or_declined
+from support.gpu import assert_node_cases_pass_or_declined
 from elementwise_accuracy import REFERENCES, errors, reference, unary_model
 from onnx_quant.backend_wgpu.spec import templates_dir
 

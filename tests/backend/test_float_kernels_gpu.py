@@ -767,7 +767,7 @@ def test_onnx_node_test_cases(best):
 def test_every_variant_was_run(request):
     """Every variant of every kernel spec this module covers ran at least once above."""
     if request.config.getoption("keyword") or request.config.getoption("markexpr"):
-        from conftest import skip_unless_ci
+        from support.gpu import skip_unless_ci
 
         skip_unless_ci("only meaningful when the whole module ran (-k / -m selected a part)")
     assert len(RAN) >= 40, f"the module's node tests recorded only {len(RAN)} (kernel, variant) runs"

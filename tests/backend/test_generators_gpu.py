@@ -216,6 +216,6 @@ OPS = ("DepthToSpace", "SpaceToDepth", "Trilu", "Range", "ConstantOfShape", "Eye
 
 
 def test_onnx_node_cases_pass_on_the_gpu_or_are_declined_by_name(dev):
-    from conftest import assert_node_cases_pass_or_declined
+    from support.gpu import assert_node_cases_pass_or_declined
 
     assert_node_cases_pass_or_declined(dev, OPS, DECLINED, at_least=88)

@@ -18,7 +18,7 @@ from onnx_quant import model_zoo
 from onnx_quant.backend_wgpu.inference_session import DISABLE_CPU_FALLBACK, resolve_providers
 from onnx_quant.errors import DeviceError, ExecutionError
 from onnx_quant.oracles import widen_u8s8
-from tests.conftest import gpu_adapters
+from support.gpu import gpu_adapters
 
 BINDINGS = {"N": 2, "H": 8, "W": 8}
 

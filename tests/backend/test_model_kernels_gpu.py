@@ -51,7 +51,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_quant.errors import ExecutionError, QuantError
-from conftest import onnxruntime_run
+from support.oracles import onnxruntime_run
 
 f32 = np.float32
 FLT_MAX = np.finfo(np.float32).max

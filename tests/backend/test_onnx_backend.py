@@ -34,7 +34,7 @@ def _gpu_reason() -> str | None:
 def gpu():
     reason = _gpu_reason()
     if reason:
-        from conftest import no_gpu
+        from support.gpu import no_gpu
 
         no_gpu(reason)
 
@@ -164,6 +164,6 @@ if _gpu_reason() is None:
         assert not any(n.endswith("_cuda") for n in names)
 else:
     def test_harness_needs_an_adapter():
-        from conftest import no_gpu
+        from support.gpu import no_gpu
 
         no_gpu(_gpu_reason())

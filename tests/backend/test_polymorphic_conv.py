@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
-from conftest import onnxruntime_run, runs_from_a_cold_cache
+from support.gpu import runs_from_a_cold_cache
+from support.oracles import onnxruntime_run
 
 F32 = np.float32
 BATCHES = (1, 3)

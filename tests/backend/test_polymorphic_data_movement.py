@@ -278,7 +278,7 @@ def test_qlinear_concat_at_three_shapes_is_onnxruntime_bit_for_bit(dev):
     """QLinearConcat (the per-input passes requantize) along the channels and along the width:
     the later shapes compile nothing, every output onnxruntime's bits."""
     from onnx_quant.backend_wgpu.session import Session
-    from conftest import onnxruntime_run
+    from support.oracles import onnxruntime_run
 
     rng = np.random.default_rng(5)
     inits = [_const(n, np.array(v, dt)) for n, v, dt in

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
-from conftest import onnxruntime_run
+from support.oracles import onnxruntime_run
 
 MS = "com.microsoft"
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto as TP, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
-from conftest import onnxruntime_run, runs_from_a_cold_cache
+from support.gpu import runs_from_a_cold_cache
+from support.oracles import onnxruntime_run
 
 MS = "com.microsoft"
 F32 = np.float32

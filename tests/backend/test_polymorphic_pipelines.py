@@ -16,7 +16,7 @@ from onnx.reference import ReferenceEvaluator
 
 from onnx_quant.backend_wgpu.uniforms import UniformMisuse, UniformScalar
 from onnx_quant.errors import DeviceError
-from conftest import onnxruntime_run
+from support.oracles import onnxruntime_run
 
 F32 = np.float32
 

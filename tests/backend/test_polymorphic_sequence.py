@@ -23,7 +23,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from conftest import assert_agree, onnxruntime_run
+from support.oracles import assert_agree, onnxruntime_run
 
 F32 = np.float32
 

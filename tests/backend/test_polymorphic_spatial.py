@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
-from conftest import onnxruntime_run, runs_from_a_cold_cache
+from support.gpu import runs_from_a_cold_cache
+from support.oracles import onnxruntime_run
 from test_contrib_kernels_gpu import assert_matches_ort, model_qglobal
 from test_polymorphic_conv import (  # the conv family's models, at symbolic image dims here
     _conv_integer_model, _dynamic_conv_unit, _float_conv_model, _model, _qlinear_conv_model, _vi)

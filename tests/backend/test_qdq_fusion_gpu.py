@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from onnx_quant import exported_models, model_zoo
-from conftest import onnxruntime_run
+from support.oracles import onnxruntime_run
 
 ZOO = {
     "cnn": (dict(blocks=1, channels=4), {"N": 2, "H": 8, "W": 8}),

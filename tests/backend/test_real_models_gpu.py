@@ -83,7 +83,7 @@ def quantized_model(family: str, fmt: str, per_channel: bool):
 
 @pytest.fixture(scope="module")
 def device():
-    from conftest import no_gpu
+    from support.gpu import no_gpu
 
     from onnx_quant.backend_wgpu.device import get_device, list_adapters
     from onnx_quant.errors import DeviceError
@@ -98,7 +98,7 @@ def device():
 
 def ort_run(model, feeds, *, optimize: bool = True):
     """onnxruntime's outputs with exact uint8 x int8 sums on any CPU (conftest.onnxruntime_run)."""
-    from conftest import onnxruntime_run
+    from support.oracles import onnxruntime_run
 
     return onnxruntime_run(model, feeds, level="ORT_ENABLE_ALL" if optimize else "ORT_DISABLE_ALL")
 

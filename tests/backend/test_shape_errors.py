@@ -23,7 +23,7 @@ USER_NODE = {"qoperator": "add_45_quant", "qdq": "add_45", "float": "add_45"}
 
 @pytest.fixture(scope="module")
 def gpu():
-    from conftest import gpu_adapters
+    from support.gpu import gpu_adapters
 
     return gpu_adapters()
 

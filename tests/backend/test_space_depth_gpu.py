@@ -93,6 +93,6 @@ def test_mode_attribute_declined_where_the_schema_has_none_and_bad_blocks_declin
 
 
 def test_node_cases_pass_on_the_gpu(dev):
-    from conftest import assert_node_cases_pass_or_declined
+    from support.gpu import assert_node_cases_pass_or_declined
 
     assert_node_cases_pass_or_declined(dev, ("DepthToSpace", "SpaceToDepth"), {}, at_least=12)  # expansions too

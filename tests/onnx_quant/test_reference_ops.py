@@ -21,7 +21,7 @@ from hypothesis import given, strategies as st
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from conftest import onnxruntime_run
+from support.oracles import onnxruntime_run
 from onnx_quant.reference_ops import OPS, reference_evaluator
 from onnx_quant.oracles import avx2_fma_on, cpu_flags
 
