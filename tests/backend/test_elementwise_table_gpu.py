@@ -5,7 +5,7 @@
 - ops whose result is one correctly rounded operation (or exact) agree with numpy bit for
   bit, NaN, infinities, zeros and subnormals included;
 - the transcendental ones meet ONNX's rule (rtol 1e-3, atol 1e-7) against float64 on a dense
-  sample (tests/backend/elementwise_accuracy.py; the measured errors are in docs/kernels.md);
+  sample (tests/support/elementwise_accuracy.py; the measured errors are in docs/kernels.md);
 - every variant gives the same bits.
 """
 
@@ -19,7 +19,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from support.gpu import assert_node_cases_pass_or_declined
-from elementwise_accuracy import REFERENCES, errors, reference, unary_model
+from support.elementwise_accuracy import REFERENCES, errors, reference, unary_model
 from onnx_quant.backend_wgpu.spec import templates_dir
 
 OPS = sorted(json.loads((templates_dir() / "elementwise.ops.json").read_text())["ops"])

@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from test_float_kernels_gpu import assert_same_bits, node_model, ref_run, run_node
-from test_space_depth_gpu import TYPES, typed
+from support.arrays import TYPES, typed
+from support.models import node_model
+from support.oracles import assert_same_bits, ref_run
+from support.run import run_node, session_run
 
 #: TensorProto codes of the ml_dtypes types (helper.np_dtype_to_tensor_dtype knows them too)
 NARROW = [ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, ml_dtypes.float8_e4m3fnuz, ml_dtypes.float8_e5m2fnuz,
@@ -79,15 +81,6 @@ def test_trilu_every_type(dev, dtype, upper):
         expected = np.triu(x, kk) if upper else np.tril(x, kk)
         assert_same_bits(got, expected, f"Trilu upper={upper} k={k}")
         assert_same_bits(got, ref_run(model, feeds)[0], "vs onnx.reference")
-
-
-def session_run(dev, model, feeds):
-    """Run through Session with no host fallback (graph inputs that decide shapes are read when
-    the plan is made)."""
-    from onnx_quant.backend_wgpu.session import Session
-
-    with Session(model, device=dev, allow_host_fallback=False) as s:
-        return s.run(None, feeds)
 
 
 def graph_model(op, inputs, out_type, *, opset, attrs=None, n_outputs=1):
@@ -199,7 +192,7 @@ def test_one_hot_declines_a_fractional_depth_and_float64_indices(dev):
 
 
 def test_one_hot_float_values_are_written_as_given_like_onnxruntime(dev):
-    from test_float_kernels_gpu import ort_run
+    from support.oracles import ort_run
 
     feeds = {"indices": np.array([[0, 2], [-1, 5]], np.int64), "depth": np.array(3, np.int64),
              "values": np.array([0.3, 0.1], np.float32)}

@@ -20,7 +20,7 @@ from onnx_quant.backend_wgpu.planner import MAX_CONSTANT_ELEMENTS, plan_node
 from onnx_quant.errors import ExecutionError, KernelRejected, SpecError
 from onnx_quant.inference import infer_values
 
-from test_spec import load_doc, reject, write_spec
+from support.specs import load_doc, reject, write_spec
 
 SHADER = "k.wgsl.jinja"
 
