@@ -1,8 +1,10 @@
 """Shared test setup: hypothesis profiles, the onnxruntime guard and the GPU fixtures.
 
-In CI (``CI`` or ``ONNX_QUANT_REQUIRE_GPU`` set) a missing wgpu adapter is a failure;
-on a developer's machine without one, GPU tests skip with the reason (support/gpu.py).
-Helpers are in tests/support/ (importable as ``support``); no test imports this file.
+- Fixtures ``gpu`` (wgpu's adapters), ``best`` (the default adapter with WebGPU default limits)
+  and ``dev`` (the devices a module asks for with ``pytest.mark.devices(...)``; default: the
+  default adapter, then the OpenGL one where present). A missing adapter fails in CI (``CI`` or
+  ``ONNX_QUANT_REQUIRE_GPU`` set) and skips elsewhere (support/gpu.py).
+- Helpers are in tests/support/ (importable as ``support``); no test imports this file.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
-from support.gpu import gpu_device  # noqa: E402 - after the runtime dir is set
+from support.gpu import gpu_adapters, gpu_device  # noqa: E402 - after the runtime dir is set
 
 
 # ----------------------------------------------------------------------------- onnxruntime guard
@@ -82,13 +84,41 @@ def _no_saturating_oracle():
 
 # ----------------------------------------------------------------------------- GPU fixtures
 
+#: what ``dev`` runs on where no ``devices`` marker says otherwise
+DEFAULT_DEVICES = ("best", "opengl")
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    """wgpu's adapters, best first (no adapter: fail in CI, skip elsewhere)."""
+    return gpu_adapters()
+
+
 @pytest.fixture(scope="module")
 def best():
-    """The default adapter with WebGPU default limits (GPU test modules may define their own)."""
+    """The default adapter with WebGPU default limits."""
     return gpu_device("best")
 
 
-@pytest.fixture(scope="module", params=["best", "opengl"])
+def _device_kinds(node) -> tuple[str, ...]:
+    marker = node.get_closest_marker("devices")
+    return tuple(marker.args) if marker else DEFAULT_DEVICES
+
+
+@pytest.fixture(scope="module")
 def dev(request):
-    """The default adapter, then the OpenGL one where present (no subgroups, no f16)."""
-    return gpu_device(request.param)
+    """The device kinds (support.gpu.gpu_device) the module asks for with
+    ``pytestmark = pytest.mark.devices(...)``, one after the other; default: the default adapter,
+    then the OpenGL one where present (no subgroups, no f16). Several kinds parametrize the
+    tests (ids ``[best]``, ``[opengl]``, ...); one kind does not."""
+    kind = request.param if hasattr(request, "param") else _device_kinds(request.node)[0]
+    return gpu_device(kind)
+
+
+def pytest_generate_tests(metafunc):
+    defs = metafunc._arg2fixturedefs.get("dev") if "dev" in metafunc.fixturenames else None
+    if not defs or defs[-1].func is not dev.__wrapped__:  # a module's own ``dev`` is left alone
+        return
+    kinds = _device_kinds(metafunc.definition)
+    if len(kinds) > 1 or kinds != _device_kinds(metafunc.definition.getparent(pytest.Module)):
+        metafunc.parametrize("dev", kinds, indirect=True, scope="module")

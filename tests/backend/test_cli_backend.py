@@ -15,13 +15,6 @@ from onnx_quant.backend_wgpu.commands import dql_model, numpy_dynamic_quantize_l
 from onnx_quant.cli import main
 
 
-@pytest.fixture(scope="module")
-def gpu():
-    from support.gpu import gpu_adapters
-
-    return gpu_adapters()
-
-
 @pytest.fixture
 def model_path(tmp_path):
     path = tmp_path / "dql.onnx"

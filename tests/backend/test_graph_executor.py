@@ -27,10 +27,7 @@ KERNEL_FILES = ("dynamic_quantize_linear.kernel.json", "cast.kernel.json")
 TABLE_OPS = ("Add", "Sub", "Mul")  # rows of templates/elementwise.ops.json
 
 
-@pytest.fixture(scope="module")
-def dev(best):
-    """The default adapter only (conftest's ``dev`` adds OpenGL)."""
-    return best
+pytestmark = pytest.mark.devices("best")  # dev: the default adapter only (conftest's default adds OpenGL)
 
 
 @pytest.fixture(scope="module")

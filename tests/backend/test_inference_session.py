@@ -18,14 +18,8 @@ from onnx_quant import model_zoo
 from onnx_quant.backend_wgpu.inference_session import DISABLE_CPU_FALLBACK, resolve_providers
 from onnx_quant.errors import DeviceError, ExecutionError
 from onnx_quant.oracles import widen_u8s8
-from support.gpu import gpu_adapters
 
 BINDINGS = {"N": 2, "H": 8, "W": 8}
-
-
-@pytest.fixture(scope="module")
-def adapters():
-    return gpu_adapters()
 
 
 @pytest.fixture(scope="module")
@@ -92,19 +86,19 @@ def test_output_shapes_come_from_inference_when_undeclared():
         ("y", "tensor(float)", ["N", 4]), ("s", "tensor(int64)", [2])]
 
 
-def test_provider_list_semantics(adapters):
-    backends = {a.backend for a in adapters}
+def test_provider_list_semantics(gpu):
+    backends = {a.backend for a in gpu}
     choice = resolve_providers(None)
     assert choice.host_fallback and choice.names[-1] == "CPUExecutionProvider"
     with pytest.warns(UserWarning, match="not available on this machine"):
         choice = resolve_providers(["metal-does-not-exist", "vulkan"])
-    assert adapters[choice.adapter].backend == "Vulkan"
+    assert gpu[choice.adapter].backend == "Vulkan"
     if "OpenGL" in backends:
         choice = resolve_providers([("opengl", {"limits": "default"}), "vulkan"])
-        assert adapters[choice.adapter].backend == "OpenGL" and choice.options == {"limits": "default"}
+        assert gpu[choice.adapter].backend == "OpenGL" and choice.options == {"limits": "default"}
         assert resolve_providers(["opengl"]).host_fallback  # CPU is appended implicitly
-    assert resolve_providers([len(adapters) - 1]).adapter == len(adapters) - 1
-    assert resolve_providers([str(len(adapters) - 1)]).adapter == len(adapters) - 1
+    assert resolve_providers([len(gpu) - 1]).adapter == len(gpu) - 1
+    assert resolve_providers([str(len(gpu) - 1)]).adapter == len(gpu) - 1
     with pytest.warns(UserWarning), pytest.raises(DeviceError, match="none names a GPU adapter"):
         resolve_providers(["CUDAExecutionProvider", "CPUExecutionProvider"])
     with pytest.raises(ExecutionError, match="unknown options"):
@@ -207,7 +201,7 @@ def test_io_binding_keeps_outputs_on_the_device_across_runs():
     assert y.released
 
 
-def test_device_value_checks_device_dtype_and_shape(adapters):
+def test_device_value_checks_device_dtype_and_shape(gpu):
     stage = _stage("x", "y", 2, 2, seed=4)
     sess = onnx_quant.InferenceSession(stage)
     dev = sess.session.device
@@ -217,7 +211,7 @@ def test_device_value_checks_device_dtype_and_shape(adapters):
         sess.run(None, {"x": onnx_quant.DeviceValue.from_numpy(np.zeros((1, 2, 8, 8), np.int32), dev)})
     with pytest.raises(ExecutionError, match="dim 2 must be 8"):
         sess.run(None, {"x": onnx_quant.DeviceValue.from_numpy(np.zeros((1, 2, 4, 8), np.float32), dev)})
-    if any(a.backend == "OpenGL" for a in adapters):
+    if any(a.backend == "OpenGL" for a in gpu):
         from onnx_quant.backend_wgpu.device import get_device
 
         other = get_device("opengl")

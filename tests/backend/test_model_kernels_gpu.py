@@ -72,7 +72,7 @@ def _model(node, inputs, inits, out_type, opset=21, ms=False, out_shape=None):
 
 
 def ort_run(model, feeds):
-    """onnxruntime's output with exact uint8 x int8 sums on any CPU (conftest.onnxruntime_run)."""
+    """onnxruntime's output with exact uint8 x int8 sums on any CPU (support.oracles.onnxruntime_run)."""
     return onnxruntime_run(model, feeds)[0]
 
 

@@ -30,15 +30,6 @@ def _gpu_reason() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def gpu():
-    reason = _gpu_reason()
-    if reason:
-        from support.gpu import no_gpu
-
-        no_gpu(reason)
-
-
 def _node_cases(*op_types):
     from onnx_quant.node_cases import all_node_cases
 

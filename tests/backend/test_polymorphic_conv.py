@@ -22,9 +22,7 @@ F32 = np.float32
 BATCHES = (1, 3)
 
 
-@pytest.fixture(scope="module")
-def dev(best):
-    return best
+pytestmark = pytest.mark.devices("best")  # dev: the default adapter only (conftest's default adds OpenGL)
 
 
 def _batches(make, seed=0):

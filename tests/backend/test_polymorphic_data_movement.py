@@ -15,9 +15,7 @@ from onnx.reference import ReferenceEvaluator
 F32 = np.float32
 
 
-@pytest.fixture(scope="module")
-def dev(best):
-    return best
+pytestmark = pytest.mark.devices("best")  # dev: the default adapter only (conftest's default adds OpenGL)
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=17):

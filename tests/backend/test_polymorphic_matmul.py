@@ -18,9 +18,7 @@ from support.oracles import onnxruntime_run
 MS = "com.microsoft"
 
 
-@pytest.fixture(scope="module")
-def dev(best):
-    return best
+pytestmark = pytest.mark.devices("best")  # dev: the default adapter only (conftest's default adds OpenGL)
 
 
 def _vi(name, dtype, shape):

@@ -28,9 +28,7 @@ from support.oracles import assert_agree, onnxruntime_run
 F32 = np.float32
 
 
-@pytest.fixture(scope="module")
-def dev(best):
-    return best
+pytestmark = pytest.mark.devices("best")  # dev: the default adapter only (conftest's default adds OpenGL)
 
 
 def _vi(name, dtype, shape):

@@ -32,9 +32,7 @@ def _model(nodes, inputs, outputs, inits=(), opset=17):
     return make_model(nodes, inputs, outputs, inits, opset, ir_version=10)
 
 
-@pytest.fixture(scope="module")
-def dev(best):
-    return best
+pytestmark = pytest.mark.devices("best")  # dev: the default adapter only (conftest's default adds OpenGL)
 
 
 def _run_two_sizes(dev, model, feeds_list, kernel, variant=None):

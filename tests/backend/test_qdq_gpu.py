@@ -56,12 +56,8 @@ OPSETS = (10, 13, 19, 21, 23, 24, 25, 28)
 # ----------------------------------------------------------------------------- devices
 
 
-@pytest.fixture(scope="module", params=["best", "best-no-subgroup", "opengl"])
-def dev(request):
-    """Also the default adapter without its optional features (no shader-f16, no subgroups)."""
-    from support.gpu import gpu_device
-
-    return gpu_device(request.param)
+#: dev: also the default adapter without its optional features (no shader-f16, no subgroups)
+pytestmark = pytest.mark.devices("best", "best-no-subgroup", "opengl")
 
 
 # ----------------------------------------------------------------------------- models
