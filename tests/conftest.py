@@ -1,9 +1,14 @@
-"""Shared test setup: hypothesis profiles, the onnxruntime guard and the GPU fixtures.
+"""Shared test setup: hypothesis profiles, the onnxruntime guard, the GPU fixtures and the
+``gpu`` marker.
 
 - Fixtures ``gpu`` (wgpu's adapters), ``best`` (the default adapter with WebGPU default limits)
   and ``dev`` (the devices a module asks for with ``pytest.mark.devices(...)``; default: the
   default adapter, then the OpenGL one where present). A missing adapter fails in CI (``CI`` or
   ``ONNX_QUANT_REQUIRE_GPU`` set) and skips elsewhere (support/gpu.py).
+- Every test that takes one of these fixtures is marked ``gpu`` (pytest_collection_modifyitems);
+  a test that makes a device itself carries ``@pytest.mark.gpu`` (or its module
+  ``pytestmark``). ``pytest -m "not gpu"`` runs the rest, the CPU suite, with no adapter at all.
+  A test without the marker that reaches for an adapter fails (``_gpu_only_when_marked``).
 - Helpers are in tests/support/ (importable as ``support``); no test imports this file.
 """
 
@@ -33,6 +38,7 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 from support.gpu import gpu_adapters, gpu_device  # noqa: E402 - after the runtime dir is set
+from support.run import COLLECTED  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- onnxruntime guard
@@ -84,6 +90,9 @@ def _no_saturating_oracle():
 
 # ----------------------------------------------------------------------------- GPU fixtures
 
+#: the fixtures that need an adapter: a test taking one (directly or through another fixture)
+#: is marked ``gpu``
+GPU_FIXTURES = frozenset({"gpu", "best", "dev"})
 #: what ``dev`` runs on where no ``devices`` marker says otherwise
 DEFAULT_DEVICES = ("best", "opengl")
 
@@ -122,3 +131,43 @@ def pytest_generate_tests(metafunc):
     kinds = _device_kinds(metafunc.definition)
     if len(kinds) > 1 or kinds != _device_kinds(metafunc.definition.getparent(pytest.Module)):
         metafunc.parametrize("dev", kinds, indirect=True, scope="module")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: the marker must be there to select on
+def pytest_collection_modifyitems(config, items):
+    """Mark ``gpu`` every test that takes a GPU fixture; count the tests of each module."""
+    counts: dict = {}
+    for item in items:
+        counts[item.path] = counts.get(item.path, 0) + 1
+        if GPU_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.gpu)
+    config.stash[COLLECTED] = counts
+
+
+class _NoAdapters:
+    """wgpu as the device layer sees it in a test not marked ``gpu``: everything but ``wgpu.gpu``,
+    where the adapters are enumerated; reaching for that fails the test."""
+
+    def __init__(self, real, nodeid: str):
+        self._real, self._nodeid = real, nodeid
+
+    def __getattr__(self, name):
+        if name == "gpu":
+            pytest.fail(f"{self._nodeid} reaches for a GPU adapter but is not marked gpu: take a GPU fixture "
+                        "(gpu, best, dev) or mark it @pytest.mark.gpu", pytrace=False)
+        return getattr(self._real, name)
+
+
+@pytest.fixture(autouse=True)
+def _gpu_only_when_marked(request, monkeypatch):
+    """A test not marked ``gpu`` that reaches for a wgpu adapter fails, on any machine: the
+    marker must cover every test that needs a GPU, so that ``-m "not gpu"`` runs without one.
+    (The adapter list and the devices are cached per process: both are emptied for the test.)"""
+    if request.node.get_closest_marker("gpu") is not None:
+        return
+    from onnx_quant.backend_wgpu import device
+
+    real = device._wgpu
+    monkeypatch.setattr(device, "_ADAPTERS", None)
+    monkeypatch.setattr(device, "_DEVICES", {})
+    monkeypatch.setattr(device, "_wgpu", lambda: _NoAdapters(real(), request.node.nodeid))

@@ -118,6 +118,7 @@ def test_bench_small(gpu, capsys):
 
 
 @pytest.mark.parametrize("command", ["conformance", "demo"])
+@pytest.mark.gpu
 def test_later_commands_do_not_traceback(capsys, command):
     code, _, err = run_cli(capsys, command)
     assert code in (0, 1) and "Traceback" not in err

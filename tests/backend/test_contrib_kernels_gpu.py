@@ -372,6 +372,7 @@ def test_scales_must_be_scalars(best):
 
 # ----------------------------------------------------------------------------- a real quantized model
 
+@pytest.mark.gpu
 def test_onnxruntime_qoperator_model_runs_bit_exact(tmp_path):
     """A small CNN quantized by onnxruntime.quantization (QOperator format: QLinearConv,
     QLinearAdd, QLinearLeakyRelu, QLinearSigmoid, QLinearMul, QLinearAveragePool, MaxPool on

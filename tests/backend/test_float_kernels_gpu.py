@@ -36,7 +36,7 @@ from onnx_quant.reference_ops import fma_f32
 from support.arrays import data, rng
 from support.models import node_model
 from support.oracles import assert_same_bits, ort_run, ref_run
-from support.run import RAN, node_spec, registry, run_all_variants, run_node
+from support.run import RAN, module_fully_selected, node_spec, registry, run_all_variants, run_node
 
 EPS = 2.0 ** -24
 
@@ -602,12 +602,13 @@ def test_onnx_node_test_cases(best):
     assert sum(ran.values()) >= 150, (ran, skipped)
 
 
+@pytest.mark.gpu
 def test_every_variant_was_run(request):
     """Every variant of every kernel spec this module covers ran at least once above."""
-    if request.config.getoption("keyword") or request.config.getoption("markexpr"):
+    if not module_fully_selected(request):
         from support.gpu import skip_unless_ci
 
-        skip_unless_ci("only meaningful when the whole module ran (-k / -m selected a part)")
+        skip_unless_ci("only meaningful when the whole module ran (-k, -m or node ids selected a part)")
     assert len(RAN) >= 40, f"the module's node tests recorded only {len(RAN)} (kernel, variant) runs"
     missing = []
     for spec in registry():

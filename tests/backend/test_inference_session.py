@@ -43,6 +43,7 @@ def test_import_onnx_quant_is_cheap_and_exposes_the_public_names():
 
 
 @pytest.mark.parametrize("family,fmt", [("cnn", "qdq"), ("mlp", "dynamic"), ("cnn", "qoperator")])
+@pytest.mark.gpu
 def test_same_calls_as_onnxruntime(family, fmt):
     """Same calls on both: providers list, get_inputs/get_outputs, get_modelmeta, run with output names."""
     model = model_zoo.quantized(family, fmt, per_channel=True, seed=1,
@@ -73,6 +74,7 @@ def test_same_calls_as_onnxruntime(family, fmt):
     assert ours.run(None, feeds)[0].tobytes() == got[0].tobytes()
 
 
+@pytest.mark.gpu
 def test_output_shapes_come_from_inference_when_undeclared():
     x = helper.make_tensor_value_info("x", TP.FLOAT, ["N", 4])
     y = helper.make_tensor_value_info("y", TP.FLOAT, None)
@@ -117,6 +119,7 @@ def _host_only_model() -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
 
 
+@pytest.mark.gpu
 def test_disable_cpu_fallback_is_honoured():
     m = _host_only_model()
     so = ort.SessionOptions()   # onnxruntime's own options object works too
@@ -143,6 +146,7 @@ def _stage(name_in: str, name_out: str, c_in: int, c_out: int, seed: int) -> onn
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
+@pytest.mark.gpu
 def test_pipeline_passes_a_device_value_between_sessions(qdq_cnn):
     """detector -> recogniser: stage A's output stays on the device and feeds model B; the
     result matches the host round trip bit for bit, with fewer bytes read back."""
@@ -174,6 +178,7 @@ def test_pipeline_passes_a_device_value_between_sessions(qdq_cnn):
         kept.numpy()
 
 
+@pytest.mark.gpu
 def test_io_binding_keeps_outputs_on_the_device_across_runs():
     stage_a = _stage("x", "y", 4, 4, seed=2)
     stage_b = _stage("y", "z", 4, 4, seed=3)
@@ -220,6 +225,7 @@ def test_device_value_checks_device_dtype_and_shape(gpu):
             sess.run(None, {"x": foreign})
 
 
+@pytest.mark.gpu
 def test_device_outputs_of_every_origin():
     """An output that is a feed, an initializer or a host value can be kept on the device too."""
     x = helper.make_tensor_value_info("x", TP.FLOAT, [3])

@@ -489,6 +489,7 @@ def _agree_params():
 
 
 @pytest.mark.parametrize("kind, op, x_type, y_type, gran", _agree_params())
+@pytest.mark.gpu
 def test_every_variant_on_every_device_agrees(kind, op, x_type, y_type, gran):
     """per_tensor (where it applies), general and simple, forced, on Vulkan (subgroups, f16),
     Vulkan without features and OpenGL, with WebGPU default limits; 1000+ elements so that

@@ -314,6 +314,7 @@ def test_onnx_node_cases(best):
 
 # ----------------------------------------------------------------------------- limits and errors
 
+@pytest.mark.gpu
 def test_large_kernel_loops_and_split_grids():
     """A 5x5x2 kernel (more than 32 taps: the blocked variant loops instead of unrolling) on a
     device whose maxComputeWorkgroupsPerDimension is 16, so grids split over x and y."""

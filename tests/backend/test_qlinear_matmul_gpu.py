@@ -590,6 +590,7 @@ def test_empty_and_degenerate_shapes(best, a_shape, b_shape):
         assert_bits(got, expected, f"{a_shape} x {b_shape} {v}")
 
 
+@pytest.mark.gpu
 def test_grids_split_beyond_the_dispatch_limit():
     """With maxComputeWorkgroupsPerDimension lowered to 16, every pass splits its 1-D sequence
     of workgroups over x and y (spare workgroups return) and results stay exact."""

@@ -171,6 +171,7 @@ def _devices():
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.gpu
 def test_rendered_passes_compile(spec, variant):
     from onnx_quant.backend_wgpu.pipelines import layout_key
 
