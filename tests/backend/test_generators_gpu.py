@@ -84,13 +84,9 @@ def test_trilu_every_type(dev, dtype, upper):
 
 
 def graph_model(op, inputs, out_type, *, opset, attrs=None, n_outputs=1):
-    """A one-node model whose inputs are all graph inputs."""
-    vis = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape)) for n, a in inputs]
-    outs = [helper.make_tensor_value_info(f"y{k}", helper.np_dtype_to_tensor_dtype(np.dtype(out_type)), None)
-            for k in range(n_outputs)]
-    node = helper.make_node(op, [n for n, _ in inputs], [o.name for o in outs], **(attrs or {}))
-    g = helper.make_graph([node], "g", vis, outs)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    """A one-node model whose inputs are all graph inputs (outputs y0, y1, ...)."""
+    return node_model(op, inputs, [f"y{k}" for k in range(n_outputs)], attrs=attrs, opset=opset,
+                      out_types=[out_type] * n_outputs)
 
 
 RANGES = [(0, 10, 1), (3, 9, 3), (10, 4, -2), (-7, 50, 5), (5, 5, 1), (5, 4, 1), (-3, -40, -7)]

@@ -22,6 +22,7 @@ from onnx import helper
 
 from onnx_quant.errors import ExecutionError, HostFallbackWarning, QuantWarning
 from onnx_quant.oracles import widen_u8s8
+from support.models import make_model
 
 KERNEL_FILES = ("dynamic_quantize_linear.kernel.json", "cast.kernel.json")
 TABLE_OPS = ("Add", "Sub", "Mul")  # rows of templates/elementwise.ops.json
@@ -69,8 +70,7 @@ def assert_same(got, expected):
 
 
 def model(nodes, inputs, outputs, initializers=(), opset=17):
-    g = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+    return make_model(nodes, inputs, outputs, initializers, opset, ir_version=8)
 
 
 def vi(name, t, shape):

@@ -52,7 +52,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnx_quant.errors import ExecutionError, QuantError
 from support.arrays import ints as _ints
-from support.models import qsm_model
+from support.models import make_model, qsm_model
 from support.oracles import np_qlinear_softmax, np_softmax_table, onnxruntime_run
 from support.run import applicable, run_variants
 
@@ -65,10 +65,8 @@ FLT_MAX = np.finfo(np.float32).max
 # ----------------------------------------------------------------------------- helpers
 
 def _model(node, inputs, inits, out_type, opset=21, ms=False, out_shape=None):
-    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info(node.output[0], out_type, out_shape)],
-                              initializer=inits)
-    imports = [helper.make_opsetid("", opset)] + ([helper.make_opsetid("com.microsoft", 1)] if ms else [])
-    return helper.make_model(graph, opset_imports=imports)
+    return make_model(node, inputs, [(node.output[0], out_type, out_shape)], inits, opset,
+                      extra_opsets=["com.microsoft"] if ms else ())
 
 
 def ort_run(model, feeds):

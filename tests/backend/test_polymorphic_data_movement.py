@@ -11,16 +11,12 @@ import numpy as np
 import pytest
 from onnx import TensorProto as TP, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
+from support.models import make_model as _model
 
 F32 = np.float32
 
 
 pytestmark = pytest.mark.devices("best")  # dev: the default adapter only (conftest's default adds OpenGL)
-
-
-def _model(nodes, inputs, outputs, inits=(), opset=17):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def _vi(name, dtype, shape):

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
+from support.models import make_model
 from support.oracles import onnxruntime_run
 
 MS = "com.microsoft"
@@ -26,9 +27,7 @@ def _vi(name, dtype, shape):
 
 
 def _model(nodes, inputs, outputs, inits, domains=()):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=inits)
-    imports = [helper.make_opsetid("", 21)] + [helper.make_opsetid(d, 1) for d in domains]
-    return helper.make_model(graph, opset_imports=imports, ir_version=10)
+    return make_model(nodes, inputs, outputs, inits, 21, extra_opsets=domains, ir_version=10)
 
 
 def _q(rng, dtype, shape):

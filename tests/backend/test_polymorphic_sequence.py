@@ -23,6 +23,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from support.models import make_model
 from support.oracles import assert_agree, onnxruntime_run
 
 F32 = np.float32
@@ -36,8 +37,7 @@ def _vi(name, dtype, shape):
 
 
 def _model(nodes, inputs, inits=(), opset=21):
-    graph = helper.make_graph(nodes, "g", inputs, [_vi("y", TensorProto.UNDEFINED, None)], initializer=list(inits))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+    return make_model(nodes, inputs, [_vi("y", TensorProto.UNDEFINED, None)], inits, opset, ir_version=10)
 
 
 def _reference(model, feeds):

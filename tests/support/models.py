@@ -1,9 +1,9 @@
 """Test models: one builder for a graph from nodes (:func:`make_model`), one for a single node
 fed by arrays (:func:`node_model`), and the models several test modules share.
 
-Every test model is an ``onnx.helper`` model with graph name ``g`` built here, so what a test
-model looks like (opset imports, IR version, how an untyped output is declared) is decided in
-one place.
+A module's builder for its kind of model (its op's inputs and attributes) builds the nodes and
+hands the graph to :func:`make_model`, so that what a test model looks like (graph name ``g``,
+opset imports, IR version, how an untyped output is declared) is decided in one place.
 """
 
 from __future__ import annotations
