@@ -23,6 +23,7 @@ from onnx import helper
 from onnx_quant.errors import ExecutionError, HostFallbackWarning, QuantWarning
 from onnx_quant.oracles import widen_u8s8
 from support.models import make_model
+from support.oracles import ref_run as reference
 
 KERNEL_FILES = ("dynamic_quantize_linear.kernel.json", "cast.kernel.json")
 TABLE_OPS = ("Add", "Sub", "Mul")  # rows of templates/elementwise.ops.json
@@ -46,14 +47,6 @@ def session(model, dev, reg, **kw):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", HostFallbackWarning)
         return Session(model, device=dev, specs=reg, **kw)
-
-
-def reference(model, feeds, names=None):
-    from onnx.reference import ReferenceEvaluator
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return ReferenceEvaluator(model).run(names, feeds)
 
 
 def assert_same(got, expected):

@@ -7,14 +7,11 @@ dynamic ones)."""
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from onnx.reference import ReferenceEvaluator
 from support.models import make_model
-from support.oracles import onnxruntime_run
+from support.oracles import onnxruntime_run, ref_run as _reference
 
 MS = "com.microsoft"
 
@@ -103,12 +100,6 @@ def _qgemm(rng, trans_a, c_rows):
                             ["Y"], domain=MS, transA=int(trans_a), transB=1)
     return _model([node], inputs, [_vi("Y", TensorProto.UINT8, None)], inits, domains=(MS,))
 
-
-
-def _reference(model, feeds):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return ReferenceEvaluator(model).run(None, feeds)
 
 
 def _ort_unfused(model, feeds):

@@ -21,10 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from onnx.reference import ReferenceEvaluator
 
 from support.models import make_model
-from support.oracles import assert_agree, onnxruntime_run
+from support.oracles import assert_agree, onnxruntime_run, ref_run as _reference
 
 F32 = np.float32
 
@@ -38,12 +37,6 @@ def _vi(name, dtype, shape):
 
 def _model(nodes, inputs, inits=(), opset=21):
     return make_model(nodes, inputs, [_vi("y", TensorProto.UNDEFINED, None)], inits, opset, ir_version=10)
-
-
-def _reference(model, feeds):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return ReferenceEvaluator(model).run(None, feeds)
 
 
 def _q(rng, dtype, shape):
