@@ -1,7 +1,15 @@
-"""Shared test setup: hypothesis profiles and the GPU-adapter policy.
+"""Shared test setup: hypothesis profiles, the onnxruntime guard, the GPU fixtures and the
+``gpu`` marker.
 
-In CI (``CI`` or ``ONNX_QUANT_REQUIRE_GPU`` set) a missing wgpu adapter is a failure;
-on a developer's machine without one, GPU tests skip with the reason.
+- Fixtures ``gpu`` (wgpu's adapters), ``best`` (the default adapter with WebGPU default limits)
+  and ``dev`` (the devices a module asks for with ``pytest.mark.devices(...)``; default: the
+  default adapter, then the OpenGL one where present). A missing adapter fails in CI (``CI`` or
+  ``ONNX_QUANT_REQUIRE_GPU`` set) and skips elsewhere (support/gpu.py).
+- Every test that takes one of these fixtures is marked ``gpu`` (pytest_collection_modifyitems);
+  a test that makes a device itself carries ``@pytest.mark.gpu`` (or its module
+  ``pytestmark``). ``pytest -m "not gpu"`` runs the rest, the CPU suite, with no adapter at all.
+  A test without the marker that reaches for an adapter fails (``_gpu_only_when_marked``).
+- Helpers are in tests/support/ (importable as ``support``); no test imports this file.
 """
 
 from __future__ import annotations
@@ -29,23 +37,11 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
-
-def gpu_examples(divisor: int = 3) -> int:
-    """Fewer hypothesis examples than the profile, for GPU-heavy properties (each example
-    compiles shaders)."""
-    return max(4, settings.default.max_examples // divisor)
+from support.gpu import gpu_adapters, gpu_device  # noqa: E402 - after the runtime dir is set
+from support.run import COLLECTED  # noqa: E402
 
 
-def onnxruntime_run(model, feeds, *, level: str = "ORT_ENABLE_ALL", threads: int | None = None) -> list:
-    """onnxruntime CPU's outputs for ``model`` on ``feeds``, with every uint8 x int8 integer GEMM
-    summed exactly (onnx_quant.oracles.exact_onnxruntime_run: the model's int8 weight sides widened
-    to uint8), so that no verdict depends on whether the host CPU has VNNI. ``level``: a
-    GraphOptimizationLevel name (``ORT_DISABLE_ALL`` runs the graph as written); ``threads``:
-    intra_op_num_threads (None: onnxruntime's default)."""
-    from onnx_quant.oracles import exact_onnxruntime_run
-
-    return exact_onnxruntime_run(model, feeds, level=level, threads=threads)
-
+# ----------------------------------------------------------------------------- onnxruntime guard
 
 def _model_of(source):
     """The ModelProto behind what onnxruntime.InferenceSession was given (bytes or a path)."""
@@ -82,7 +78,7 @@ def _no_saturating_oracle():
             raise AssertionError(
                 f"an onnxruntime session over uint8 x int8 integer GEMMs ({', '.join(nodes[:4])}"
                 f"{', ...' if len(nodes) > 4 else ''}): its sums saturate on AVX2 hosts without VNNI; "
-                f"compare with conftest.onnxruntime_run / onnx_quant.oracles.exact_onnxruntime_run")
+                f"compare with support.oracles.onnxruntime_run / onnx_quant.oracles.exact_onnxruntime_run")
         original(self, path_or_bytes, *args, **kwargs)
 
     ort.InferenceSession.__init__ = guarded
@@ -92,213 +88,86 @@ def _no_saturating_oracle():
         ort.InferenceSession.__init__ = original
 
 
-def assert_agree(got, want, rtol: float) -> None:
-    """Outputs against an oracle's: same shapes and dtypes; integer and bool outputs bit for bit,
-    float ones within ``rtol`` of the largest expected magnitude (+1e-6)."""
-    import numpy as np
+# ----------------------------------------------------------------------------- GPU fixtures
 
-    for g, w in zip(got, want):
-        g, w = np.asarray(g), np.asarray(w)
-        assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, g.dtype, w.shape, w.dtype)
-        if g.dtype.kind in "iub":
-            assert np.array_equal(g, w)
-            continue
-        scale = float(np.abs(w.astype(np.float64)).max(initial=0))
-        assert float(np.abs(g.astype(np.float64) - w).max(initial=0)) <= rtol * scale + 1e-6
+#: the fixtures that need an adapter: a test taking one (directly or through another fixture)
+#: is marked ``gpu``
+GPU_FIXTURES = frozenset({"gpu", "best", "dev"})
+#: what ``dev`` runs on where no ``devices`` marker says otherwise
+DEFAULT_DEVICES = ("best", "opengl")
 
 
-def runs_from_a_cold_cache(device, model, feeds_list, *, kernel=None, variant=None, **session_kw):
-    """``model`` run in one Session at each of ``feeds_list`` from a cold pipeline cache: (outputs
-    per run, labels of the pipelines each run compiled). With ``variant``, ``kernel``'s node is
-    forced to it and every plan is checked to have taken it."""
-    from onnx_quant.backend_wgpu.session import Session
-
-    variants = {kernel: variant} if variant else None
-    outs, compiled = [], []
-    with Session(model, device=device, variants=variants, allow_host_fallback=False, **session_kw) as sess:
-        cache = sess.device.pipelines
-        cache.forget()
-        for feeds in feeds_list:
-            before = set(cache._pipelines)
-            outs.append(sess.run(None, feeds))
-            compiled.append([cache._pipelines[k].label for k in set(cache._pipelines) - before])
-            if variant:
-                plan = next(p for p in sess.plans({k: v.shape for k, v in feeds.items()}) if p.kernel == kernel)
-                assert plan.variant == variant
-    return outs, compiled
-
-
-def value_info_of(name: str, array):
-    """A ValueInfoProto typed like ``array`` (its dtype and shape)."""
-    from onnx import helper
-
-    return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(array.dtype), array.shape)
-
-
-def assert_bits(got, expected, what=""):
-    """Same dtype, shape and bits (1-byte types, float8 included, compared as raw bytes)."""
-    import numpy as np
-
-    expected = np.asarray(expected)
-    assert got.dtype == expected.dtype, (what, got.dtype, expected.dtype)
-    assert got.shape == expected.shape, (what, got.shape, expected.shape)
-    g = got.view(np.uint8) if got.dtype.itemsize == 1 else got
-    e = expected.view(np.uint8) if expected.dtype.itemsize == 1 else expected
-    if not np.array_equal(g, e):
-        bad = np.argwhere(g != e)[:6]
-        raise AssertionError(f"{what}: {int((g != e).sum())} of {g.size} differ, first at {bad.tolist()}: "
-                             f"got {[got[tuple(i)] for i in bad]}, expected {[expected[tuple(i)] for i in bad]}")
-
-
-def assert_node_cases_every_variant(device, op_types, variants) -> int:
-    """ONNX's node cases with a node of ``op_types``, run with each of ``variants`` forced on
-    their first node: outputs bit for bit as the case expects. Returns the number of cases."""
-    from onnx_quant.backend_wgpu.session import Session
-    from onnx_quant.node_cases import all_node_cases
-
-    cases = [c for c in all_node_cases() if any(n.op_type in op_types for n in c.model.graph.node)]
-    for case in cases:
-        op = case.model.graph.node[0].op_type
-        for inputs, outputs in case.data_sets:
-            feeds = {vi.name: x for vi, x in zip(case.model.graph.input, inputs)}
-            for v in variants:
-                with Session(case.model, device=device, variants={op: v}) as s:
-                    got = s.run(None, feeds)
-                for g, e in zip(got, outputs):
-                    assert_bits(g, e, f"{case.name} {v}")
-    return len(cases)
-
-
-def assert_declined(device, case, words: str) -> None:
-    """A node case the GPU declines: not passing, no value computed (never a wrong one), and the
-    refusal says ``words``."""
-    from onnx_quant.backend_wgpu.conformance import run_case
-
-    row = run_case(case, device=device, host_fallback=False)
-    assert not row.passed and row.max_error is None and words in (row.error or ""), (case.name, row.error)
-
-
-def assert_node_cases_pass_or_declined(device, ops, declined, at_least: int, *, expanded: bool = True,
-                                       check=None) -> list[str]:
-    """ONNX's node cases whose op type is in ``ops`` (with ``expanded``, an expansion counts as its
-    op): each passes on the GPU with no host fallback, or is named in ``declined`` (case name ->
-    words of the reason) and refused with them, never a wrong value; every named case exists; at
-    least ``at_least`` pass. ``check(case, feeds, expected, output_names)``, given, judges each data
-    set instead of one plain run. Returns the passing case names."""
-    from onnx_quant.backend_wgpu.conformance import case_op_type, run_case
-    from onnx_quant.node_cases import all_node_cases
-
-    passed, refused = [], []
-    for case in all_node_cases():
-        op = None if case.model is None else case_op_type(case)
-        if op is None or (op.split(" ")[0] if expanded else op) not in ops:
-            continue
-        if case.name in declined:
-            assert_declined(device, case, declined[case.name])
-            refused.append(case.name)
-            continue
-        if check is None:
-            row = run_case(case, device=device, host_fallback=False)
-            assert row.passed, (case.name, row.error)
-        else:
-            names = [o.name for o in case.model.graph.output]
-            for inputs, expected in case.data_sets:
-                check(case, {vi.name: x for vi, x in zip(case.model.graph.input, inputs)}, expected, names)
-        passed.append(case.name)
-    assert sorted(refused) == sorted(declined)
-    assert len(passed) >= at_least, len(passed)
-    return passed
-
-
-def run_every_variant(device, model, feeds, op_type):
-    """The model run with each variant of its ``op_type`` node (the first node of that op type,
-    else the first node) that applies, forced, no host fallback; asserts they give the same bits
-    and returns (outputs, variant ids)."""
-    import numpy as np
-
-    from onnx_quant.backend_wgpu.session import Session
-
-    with Session(model, device=device) as s:
-        entries = s.explain({k: v.shape for k, v in feeds.items()})
-        selection = next((e for e in entries if e["op_type"] == op_type), entries[0])["selection"]
-    ids = [v for v, failing in selection.items() if failing is None]
-    assert ids, selection
-    runs = []
-    for v in ids:
-        with Session(model, device=device, variants={op_type: v}, allow_host_fallback=False) as s:
-            runs.append(s.run(None, feeds))
-    for outs in runs[1:]:
-        for a, b in zip(outs, runs[0]):
-            assert a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8)), ids
-    return runs[0], ids
-
-
-def gpu_required() -> bool:
-    return bool(os.environ.get("CI") or os.environ.get("ONNX_QUANT_REQUIRE_GPU"))
-
-
-def no_gpu(reason: str):
-    """Fail in CI, skip elsewhere: the one place this policy lives."""
-    skip_unless_ci(f"no usable wgpu adapter: {reason}")
-
-
-def skip_unless_ci(reason: str):
-    """Skip on a developer's machine; in CI (``CI`` or ``ONNX_QUANT_REQUIRE_GPU``) a check
-    that cannot run here (no adapter, a CPU without the onnxruntime kernels a test pins, a
-    device that will not lower a limit) is a failure: CI must run every check."""
-    if gpu_required():
-        pytest.fail(f"required in CI: {reason}")
-    pytest.skip(reason)
-
-
-def gpu_adapters():
-    """wgpu's adapters, best first; none (or an error listing them) goes through
-    :func:`no_gpu`."""
-    from onnx_quant.backend_wgpu.device import list_adapters
-    from onnx_quant.errors import DeviceError
-
-    try:
-        adapters = list_adapters()
-    except DeviceError as e:
-        no_gpu(str(e))
-    if not adapters:
-        no_gpu("wgpu lists no adapter")
-    return adapters
-
-
-def gpu_device(kind: str = "best"):
-    """A wgpu device for tests, with WebGPU default limits so tests never depend on big ones.
-
-    ``kind``: ``"best"`` (the default adapter), ``"best-no-subgroup"`` (same adapter, no
-    optional features, to exercise the workgroup-memory paths) or ``"opengl"`` (skipped
-    where no OpenGL adapter exists: it is an extra, not the adapter CI requires).
-    A missing adapter goes through :func:`no_gpu` (fail in CI, skip elsewhere).
-    """
-    from onnx_quant.backend_wgpu.device import get_device
-    from onnx_quant.errors import DeviceError
-
-    adapters = gpu_adapters()
-    try:
-        if kind == "best":
-            return get_device(None, limits="default")
-        if kind == "best-no-subgroup":
-            return get_device(None, limits="default", features=())
-        if kind == "opengl":
-            if not any(a.backend == "OpenGL" for a in adapters):
-                pytest.skip("no OpenGL adapter here")
-            return get_device("opengl", limits="default")
-    except DeviceError as e:
-        no_gpu(str(e))
-    raise ValueError(f"unknown device kind {kind!r}")
+@pytest.fixture(scope="module")
+def gpu():
+    """wgpu's adapters, best first (no adapter: fail in CI, skip elsewhere)."""
+    return gpu_adapters()
 
 
 @pytest.fixture(scope="module")
 def best():
-    """The default adapter with WebGPU default limits (GPU test modules may define their own)."""
+    """The default adapter with WebGPU default limits."""
     return gpu_device("best")
 
 
-@pytest.fixture(scope="module", params=["best", "opengl"])
+def _device_kinds(node) -> tuple[str, ...]:
+    marker = node.get_closest_marker("devices")
+    return tuple(marker.args) if marker else DEFAULT_DEVICES
+
+
+@pytest.fixture(scope="module")
 def dev(request):
-    """The default adapter, then the OpenGL one where present (no subgroups, no f16)."""
-    return gpu_device(request.param)
+    """The device kinds (support.gpu.gpu_device) the module asks for with
+    ``pytestmark = pytest.mark.devices(...)``, one after the other; default: the default adapter,
+    then the OpenGL one where present (no subgroups, no f16). Several kinds parametrize the
+    tests (ids ``[best]``, ``[opengl]``, ...); one kind does not."""
+    kind = request.param if hasattr(request, "param") else _device_kinds(request.node)[0]
+    return gpu_device(kind)
+
+
+def pytest_generate_tests(metafunc):
+    defs = metafunc._arg2fixturedefs.get("dev") if "dev" in metafunc.fixturenames else None
+    if not defs or defs[-1].func is not dev.__wrapped__:  # a module's own ``dev`` is left alone
+        return
+    kinds = _device_kinds(metafunc.definition)
+    if len(kinds) > 1 or kinds != _device_kinds(metafunc.definition.getparent(pytest.Module)):
+        metafunc.parametrize("dev", kinds, indirect=True, scope="module")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: the marker must be there to select on
+def pytest_collection_modifyitems(config, items):
+    """Mark ``gpu`` every test that takes a GPU fixture; count the tests of each module."""
+    counts: dict = {}
+    for item in items:
+        counts[item.path] = counts.get(item.path, 0) + 1
+        if GPU_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.gpu)
+    config.stash[COLLECTED] = counts
+
+
+class _NoAdapters:
+    """wgpu as the device layer sees it in a test not marked ``gpu``: everything but ``wgpu.gpu``,
+    where the adapters are enumerated; reaching for that fails the test."""
+
+    def __init__(self, real, nodeid: str):
+        self._real, self._nodeid = real, nodeid
+
+    def __getattr__(self, name):
+        if name == "gpu":
+            pytest.fail(f"{self._nodeid} reaches for a GPU adapter but is not marked gpu: take a GPU fixture "
+                        "(gpu, best, dev) or mark it @pytest.mark.gpu", pytrace=False)
+        return getattr(self._real, name)
+
+
+@pytest.fixture(autouse=True)
+def _gpu_only_when_marked(request, monkeypatch):
+    """A test not marked ``gpu`` that reaches for a wgpu adapter fails, on any machine: the
+    marker must cover every test that needs a GPU, so that ``-m "not gpu"`` runs without one.
+    (The adapter list and the devices are cached per process: both are emptied for the test.)"""
+    if request.node.get_closest_marker("gpu") is not None:
+        return
+    from onnx_quant.backend_wgpu import device
+
+    real = device._wgpu
+    monkeypatch.setattr(device, "_ADAPTERS", None)
+    monkeypatch.setattr(device, "_DEVICES", {})
+    monkeypatch.setattr(device, "_wgpu", lambda: _NoAdapters(real(), request.node.nodeid))

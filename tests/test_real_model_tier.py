@@ -83,7 +83,7 @@ def models() -> dict[str, onnx.ModelProto]:
         try:
             return {f"{n}-{f}": rm.load(n, f) for n, f in rm.CASES}
         except rm.ModelFetchError as e:
-            from conftest import skip_unless_ci
+            from support.gpu import skip_unless_ci
 
             skip_unless_ci(f"real models unavailable: {e}")
 

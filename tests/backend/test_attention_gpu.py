@@ -17,7 +17,8 @@ import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-from conftest import assert_node_cases_pass_or_declined, run_every_variant, value_info_of
+from support.gpu import assert_node_cases_pass_or_declined, run_every_variant
+from support.models import value_info_of
 
 #: node cases kept off the GPU, and the words of the reason
 DECLINED = {f"test_attention_{c}": "T allows only float32, float16"
@@ -291,7 +292,7 @@ ROTARY = [
 def test_rotary_embedding_bit_for_bit_with_onnx_reference(best, index, dt):
     """Every product rounded alone (never fused into the sum), float16 rounded at each step:
     onnx.reference's numbers exactly, negative position ids counting from the cache's end."""
-    from conftest import assert_bits
+    from support.oracles import assert_bits
     from onnx_quant.backend_wgpu.session import Session
 
     shape, attrs, rot, with_pos = ROTARY[index]

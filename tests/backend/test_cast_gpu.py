@@ -319,7 +319,7 @@ def test_cast_like_round_mode_is_cast_round_mode(best):
 def test_opengl_agrees(best):
     """The 64-bit integer paths (float64, int64, uint64) on OpenGL (another shader compiler) give the
     same bits as on the best adapter."""
-    from conftest import gpu_device
+    from support.gpu import gpu_device
 
     gl = gpu_device("opengl")
     for src, dsts in (("float64", ["float32", "float16", "bfloat16", "int64", "uint64", "uint32", "int8", "float8e5m2"]),

@@ -15,13 +15,6 @@ from onnx_quant.backend_wgpu.commands import dql_model, numpy_dynamic_quantize_l
 from onnx_quant.cli import main
 
 
-@pytest.fixture(scope="module")
-def gpu():
-    from conftest import gpu_adapters
-
-    return gpu_adapters()
-
-
 @pytest.fixture
 def model_path(tmp_path):
     path = tmp_path / "dql.onnx"
@@ -125,6 +118,7 @@ def test_bench_small(gpu, capsys):
 
 
 @pytest.mark.parametrize("command", ["conformance", "demo"])
+@pytest.mark.gpu
 def test_later_commands_do_not_traceback(capsys, command):
     code, _, err = run_cli(capsys, command)
     assert code in (0, 1) and "Traceback" not in err

@@ -15,13 +15,6 @@ from onnx_quant import exported_models, model_zoo, oracles
 from onnx_quant.cli import main
 
 
-@pytest.fixture(scope="module")
-def gpu():
-    from conftest import gpu_adapters
-
-    return gpu_adapters()
-
-
 def _save(model, tmp_path, name):
     path = tmp_path / f"{name}.onnx"
     onnx.save(model, path)

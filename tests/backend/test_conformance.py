@@ -22,19 +22,9 @@ from onnx_quant.cli import main
 from onnx_quant.errors import ExecutionError
 
 
-@pytest.fixture(scope="module")
-def device():
-    from conftest import no_gpu
-
-    from onnx_quant.backend_wgpu.device import get_device, list_adapters
-    from onnx_quant.errors import DeviceError
-
-    try:
-        if not list_adapters():
-            no_gpu("wgpu lists no adapter")
-        return get_device(None)
-    except DeviceError as e:
-        no_gpu(str(e))
+#: dev: the default adapter at its maximum limits, get_device(None)'s device: the one the commands
+#: these tests run (conformance, run, demo, bench_models) make, so that they share it and its caches
+pytestmark = pytest.mark.devices("best-max-limits")
 
 
 def run_cli(capsys, *argv):
@@ -104,15 +94,15 @@ def _case(name):
     return next(c for c in family_cases() if c.name == name)
 
 
-def test_a_case_passes_with_its_variant(device):
-    row = run_case(_case("test_qlinearmatmul_2D_int8_float32"), device=device)
+def test_a_case_passes_with_its_variant(dev):
+    row = run_case(_case("test_qlinearmatmul_2D_int8_float32"), device=dev)
     assert row.passed and row.exact and row.max_error == 0 and not row.host_fallback, row
     assert row.variants and all(v.startswith("QLinearMatMul/") for v in row.variants)
     assert status(row) == "PASS" and json.dumps(row.as_dict())
 
 
-def test_host_fallback_does_not_pass(device):
-    row = run_case(_case("test_dynamicquantizelinear_expanded"), device=device)
+def test_host_fallback_does_not_pass(dev):
+    row = run_case(_case("test_dynamicquantizelinear_expanded"), device=dev)
     if not row.host_fallback:  # every op of the expansion got a GPU kernel
         assert row.passed
         return
@@ -120,7 +110,7 @@ def test_host_fallback_does_not_pass(device):
     assert "ran on the host" in row.error
 
 
-def test_conformance_command(device, capsys):
+def test_conformance_command(dev, capsys):
     code, out, err = run_cli(capsys, "conformance", "--ops", "MatMulInteger,ConvInteger", "--json")
     rows = json.loads(out)
     assert [r["case"] for r in rows] == case_names(["MatMulInteger", "ConvInteger"])
@@ -145,7 +135,7 @@ def dql_path(tmp_path):
     return path
 
 
-def test_run_prints_summary_timing_and_steps(device, capsys, dql_path, tmp_path):
+def test_run_prints_summary_timing_and_steps(dev, capsys, dql_path, tmp_path):
     x = tmp_path / "x.npy"
     np.save(x, np.array([1.0, -2.0, 3.0, 0.5], np.float32))
     code, out, err = run_cli(capsys, "run", dql_path, "--input", f"x={x}", "--compare", "onnxruntime")
@@ -160,7 +150,7 @@ def test_run_prints_summary_timing_and_steps(device, capsys, dql_path, tmp_path)
     assert "compare onnxruntime y_scale: 1 of 1 elements differ (1 NaN against a number)" in out
 
 
-def test_run_steps_of_a_dequantized_output(device, capsys, tmp_path):
+def test_run_steps_of_a_dequantized_output(dev, capsys, tmp_path):
     """A float output of a per-tensor DequantizeLinear: the difference is also given in steps."""
     from onnx_quant.backend_wgpu.reporting import describe_difference
 
@@ -173,7 +163,7 @@ def test_run_steps_of_a_dequantized_output(device, capsys, tmp_path):
     assert not same and "2 quantization steps of 0.5" in text
 
 
-def test_run_bad_input_is_one_line(device, capsys, dql_path, tmp_path):
+def test_run_bad_input_is_one_line(dev, capsys, dql_path, tmp_path):
     cases = []
     np.save(tmp_path / "f64.npy", np.zeros(4))
     np.save(tmp_path / "r2.npy", np.zeros((2, 2), np.float32))
@@ -193,7 +183,7 @@ def test_run_bad_input_is_one_line(device, capsys, dql_path, tmp_path):
 # ------------------------------------------------------------------- demo
 
 
-def test_demo_agrees_with_onnxruntime(device, capsys):
+def test_demo_agrees_with_onnxruntime(dev, capsys):
     code, out, err = run_cli(capsys, "demo")
     assert "inferred" in out and "QLinearConv" in out and "[N, 8, 1, 1]" in out
     assert "host fallback:" in out
@@ -204,7 +194,7 @@ def test_demo_agrees_with_onnxruntime(device, capsys):
 # ------------------------------------------------------------------- whole-model benchmark
 
 
-def test_bench_models_smoke(device):
+def test_bench_models_smoke(dev):
     """benchmarks/bench_models.py on a 10-node chain: one submit per run, the phase split adds up."""
     import sys
     from pathlib import Path
@@ -221,7 +211,7 @@ def test_bench_models_smoke(device):
     assert "Per-node overhead" in bench_models.format_markdown(result)
 
 
-def test_bench_models_interleaves_its_runs_with_a_served_revision(device):
+def test_bench_models_interleaves_its_runs_with_a_served_revision(dev):
     """--interleave's protocol: this tree serving itself (``--serve``, as the baseline revision's
     package would) answers each round's timings; every row gets both medians and their ratio."""
     import subprocess
@@ -238,7 +228,7 @@ def test_bench_models_interleaves_its_runs_with_a_served_revision(device):
     result = {"rows": [{"model": "chain"}]}
     try:
         items = bench_models.bench_items([], [], 10, [], shape_changes=False)
-        bench_models.interleave(result, items, server, rounds=2, repeat=3, device=device, log=lambda s: None)
+        bench_models.interleave(result, items, server, rounds=2, repeat=3, device=dev, log=lambda s: None)
     finally:
         server.stdin.close()
         assert server.wait(timeout=60) == 0
@@ -249,7 +239,7 @@ def test_bench_models_interleaves_its_runs_with_a_served_revision(device):
     assert il["speedup"] == il["baseline_ms"] / il["gpu_ms"]
 
 
-def test_bench_models_counts_the_pipelines_a_second_shape_needs(device):
+def test_bench_models_counts_the_pipelines_a_second_shape_needs(dev):
     """The second-shape column counts the pipelines a run at another shape asks for that the first
     shape's run did not: 0 at the same shape, and, at shapes no run has compiled before, what the
     device's cache compiles for the second shape."""
@@ -267,16 +257,16 @@ def test_bench_models_counts_the_pipelines_a_second_shape_needs(device):
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"])],
                               "relu_neg", [x], [y])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    kw = dict(device=device, repeat=1, timer=bench_models.PhaseTimer())
+    kw = dict(device=dev, repeat=1, timer=bench_models.PhaseTimer())
     feeds = {"x": np.linspace(-1, 1, 37, dtype=np.float32)}
     same = bench_models.bench_one("same", model, feeds, shape_changes={"batch": feeds}, **kw)
     assert "gpu_error" not in same, same
     # Relu -> Neg: one fused kernel, one pipeline
     assert same["compilations_new_batch"] == 0 and same["pipelines_first_run"] == same["dispatches_per_run"] == 1
     # from a cold cache the device compiles exactly what the row counts for both shapes
-    device.pipelines.forget()
-    before = device.pipelines.compilations
+    dev.pipelines.forget()
+    before = dev.pipelines.compilations
     row = bench_models.bench_one("other", model, {"x": np.ones(4099, np.float32)},
                                  shape_changes={"batch": {"x": np.ones(4103, np.float32)}}, **kw)
     assert "gpu_error" not in row, row
-    assert device.pipelines.compilations - before == row["pipelines_first_run"] + row["compilations_new_batch"]
+    assert dev.pipelines.compilations - before == row["pipelines_first_run"] + row["compilations_new_batch"]

@@ -10,7 +10,7 @@ model must equal onnxruntime on CPUs where onnxruntime picks those kernels (x86-
 and FMA3; elsewhere onnxruntime runs other kernels and the comparison with it allows one
 quantization step). Inputs are exhaustive where the op has two 8-bit operands (all 256 x 256
 pairs) or one (all 256 values), with scales chosen so that many results fall on rounding
-ties. Every variant is forced (test_float_kernels_gpu.run_all_variants).
+ties. Every variant is forced (support.run.run_all_variants).
 """
 
 from __future__ import annotations
@@ -20,33 +20,17 @@ import os
 import numpy as np
 import pytest
 
-from conftest import skip_unless_ci
+from support.gpu import skip_unless_ci
 from onnx import TensorProto, helper
 
 from onnx_quant.errors import ExecutionError
-from test_float_kernels_gpu import (
-    assert_same_bits, fma_f32, node_model, ort_run, run_all_variants, run_node,
-)
-from onnx_quant.oracles import avx2_fma_on, cpu_flags
+from onnx_quant.reference_ops import fma_f32
+from support.models import node_model
+from support.oracles import ORT_FMA3, assert_matches_ort, assert_same_bits, model_qglobal, ort_run, qrange
+from support.run import run_all_variants, run_node
 
 F32 = np.float32
 MS = "com.microsoft"
-
-
-#: onnxruntime runs the AVX2 / FMA3 kernels the numpy models reproduce
-ORT_FMA3 = avx2_fma_on(cpu_flags())
-
-
-def assert_matches_ort(got: np.ndarray, ort_out: np.ndarray, what: str) -> None:
-    if ORT_FMA3:
-        assert_same_bits(got, ort_out, what + " vs onnxruntime")
-    else:  # other MLAS kernels: documented to differ by at most one step
-        assert np.abs(got.astype(np.int32) - ort_out.astype(np.int32)).max(initial=0) <= 1, what
-
-
-def qrange(dtype):
-    info = np.iinfo(dtype)
-    return int(info.min), int(info.max)
 
 
 def all_bytes(dtype, shape=(256,)):
@@ -141,18 +125,6 @@ def model_lookup(kind, x, xs, xz, ys, yz, dtype, alpha=F32(0.01), fused=True):
     else:
         y = np.where(v >= 0, v, (F32(alpha) * v).astype(F32)).astype(F32)
     return mlas_quantize(y, ys, yz, dtype)
-
-
-def model_qglobal(x, xs, xz, ys, yz, dtype, channels_last=False):
-    """MlasQLinearGlobalAveragePool: integer sum - zp n, MlasRequantizeOutput with xs / (ys n)."""
-    lo, hi = qrange(dtype)
-    axes = tuple(range(1, x.ndim - 1)) if channels_last else tuple(range(2, x.ndim))
-    n = int(np.prod([x.shape[a] for a in axes]))
-    acc = x.astype(np.int64).sum(axis=axes, keepdims=True) - int(xz) * n
-    scale = F32(F32(xs) / F32(F32(ys) * F32(n)))
-    v = (acc.astype(F32) * scale).astype(F32)
-    v = np.clip(v, F32(lo - int(yz)), F32(hi - int(yz)))
-    return (np.rint(v).astype(np.int32) + int(yz)).astype(dtype)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -400,6 +372,7 @@ def test_scales_must_be_scalars(best):
 
 # ----------------------------------------------------------------------------- a real quantized model
 
+@pytest.mark.gpu
 def test_onnxruntime_qoperator_model_runs_bit_exact(tmp_path):
     """A small CNN quantized by onnxruntime.quantization (QOperator format: QLinearConv,
     QLinearAdd, QLinearLeakyRelu, QLinearSigmoid, QLinearMul, QLinearAveragePool, MaxPool on
@@ -412,7 +385,7 @@ def test_onnxruntime_qoperator_model_runs_bit_exact(tmp_path):
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     from onnx_quant.backend_wgpu.session import Session
-    from conftest import gpu_device
+    from support.gpu import gpu_device
 
     r = np.random.default_rng(12)
     inits = {"W": (r.standard_normal((8, 3, 3, 3)) * 0.3).astype(F32), "B": r.standard_normal(8).astype(F32),
@@ -459,8 +432,9 @@ def test_kernels_agree_on_opengl(best):
     """A representative of every template renders, compiles and gives the same bits on the
     OpenGL adapter (no subgroups, another shader compiler path) as on the best adapter,
     every variant forced."""
-    from conftest import gpu_device
-    from test_float_kernels_gpu import bits, data
+    from support.gpu import gpu_device
+    from support.arrays import data
+    from support.oracles import bits
 
     gl = gpu_device("opengl")
     x = data((2, 3, 5, 5), np.float32, 1)

@@ -13,15 +13,11 @@ from onnx_quant.backend_wgpu.conformance import run_case
 from onnx_quant.backend_wgpu.session import Session
 from onnx_quant.errors import ExecutionError
 from onnx_quant.node_cases import all_node_cases
+from support.models import make_model as _model
 
 
 def _vi(name, t=TP.FLOAT, shape=None):
     return helper.make_tensor_value_info(name, t, shape)
-
-
-def _model(nodes, inputs, outputs, inits=(), opset=17):
-    g = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def _session(model, device):

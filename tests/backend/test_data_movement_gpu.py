@@ -21,7 +21,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 from onnx import helper, numpy_helper
-from conftest import assert_node_cases_pass_or_declined
+from support.gpu import assert_node_cases_pass_or_declined
+from support.oracles import ref_run as reference
 
 
 
@@ -75,14 +76,6 @@ def model_of(op, inputs, n_out=1, *, attrs=None, opset=18, consts=()):
 
 def feeds_of(inputs, consts=()):
     return {n: a for n, a in inputs if a is not None and n not in consts}
-
-
-def reference(model, feeds):
-    from onnx.reference import ReferenceEvaluator
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return ReferenceEvaluator(model).run(None, feeds)
 
 
 def on_gpu(dev, model, feeds):

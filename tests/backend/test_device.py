@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, numpy_helper
 
-from conftest import gpu_adapters
+from support.gpu import gpu_adapters
 from onnx_quant.backend_wgpu import device as devmod
 from onnx_quant.backend_wgpu.device_info import WEBGPU_DEFAULT_LIMITS
 from onnx_quant.backend_wgpu.executor import pack_array, packed_nbytes, unpack_array
@@ -20,6 +20,7 @@ from onnx_quant.errors import DeviceError
 
 # ----------------------------------------------------------------------------- adapters
 
+@pytest.mark.gpu
 def test_adapters_listed_best_first():
     adapters = gpu_adapters()
     assert [a.index for a in adapters] == list(range(len(adapters)))
@@ -30,6 +31,7 @@ def test_adapters_listed_best_first():
         assert "maxStorageBufferBindingSize" in a.limits
 
 
+@pytest.mark.gpu
 def test_adapter_selection(monkeypatch):
     adapters = gpu_adapters()
     monkeypatch.delenv("ONNX_QUANT_ADAPTER", raising=False)
@@ -47,6 +49,7 @@ def test_adapter_selection(monkeypatch):
 
 
 @pytest.mark.parametrize("choice", [99, "-1", "no-such-adapter"])
+@pytest.mark.gpu
 def test_bad_adapter_choice(monkeypatch, choice):
     gpu_adapters()
     with pytest.raises(DeviceError, match="no usable adapter"):
@@ -79,6 +82,7 @@ def test_default_limits_are_requested_and_read_back(best):
         assert best.info.limits[name] == value, name
 
 
+@pytest.mark.gpu
 def test_limits_from_environment(monkeypatch):
     gpu_adapters()
     monkeypatch.setenv("ONNX_QUANT_LIMITS", "default")

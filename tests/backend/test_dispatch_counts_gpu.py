@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from onnx_quant import model_zoo
-from test_qdq_fusion_gpu import ZOO
+from support.models import ZOO
 
 FORMATS = ("qoperator", "qdq")
 #: the one-pass variant each QLinear GEMM kernel must take in these models

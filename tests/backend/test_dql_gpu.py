@@ -26,12 +26,8 @@ VARIANTS = ("single_invocation", "parallel_subgroup_reduce_vec4", "parallel_subg
             "grid_stride_reduce_vec4", "grid_stride_reduce")
 
 
-@pytest.fixture(scope="module", params=["best", "best-no-subgroup", "opengl"])
-def dev(request):
-    """Also the default adapter without its optional features (the workgroup-memory paths)."""
-    from conftest import gpu_device
-
-    return gpu_device(request.param)
+#: dev: also the default adapter without its optional features (the workgroup-memory paths)
+pytestmark = pytest.mark.devices("best", "best-no-subgroup", "opengl")
 
 
 def _session(dev, rank=1, variant=None, tunables=None):

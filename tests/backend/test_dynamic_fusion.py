@@ -28,8 +28,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_quant import model_zoo
 from onnx_quant.backend_wgpu.dynamic_fusion import INTERNAL_DOMAIN, fuse_dynamic
 from onnx_quant.oracles import not_an_oracle
-from tests.conftest import run_every_variant
-from conftest import onnxruntime_run
+from support.gpu import run_every_variant
+from support.oracles import onnxruntime_run
 
 MS = "com.microsoft"
 ULPS = 4

@@ -25,7 +25,7 @@ import pytest
 from onnx import TensorProto as TP, helper, numpy_helper
 
 from onnx_quant.backend_wgpu.session import Session
-from conftest import onnxruntime_run
+from support.oracles import onnxruntime_run
 
 ATOL = 1e-5
 MS = "com.microsoft"

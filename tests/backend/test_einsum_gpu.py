@@ -15,7 +15,7 @@ from onnx_quant.backend_wgpu.session import Session
 from onnx_quant.errors import ExecutionError
 from onnx_quant.node_cases import all_node_cases
 
-from conftest import assert_node_cases_pass_or_declined
+from support.gpu import assert_node_cases_pass_or_declined
 
 
 def einsum_model(equation, shapes, elem=TP.FLOAT):

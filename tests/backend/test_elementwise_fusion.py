@@ -22,13 +22,13 @@ from onnx import TensorProto as TP, helper
 from onnx_quant.backend_wgpu.elementwise_fusion import DOMAIN, MAX_INPUTS, MAX_STEPS, OP_TYPE, fuse_elementwise
 from onnx_quant.backend_wgpu.model_check import static_values
 from onnx_quant.backend_wgpu.session import _specs
-from conftest import onnxruntime_run
+from support import models
+from support.oracles import onnxruntime_run
 
 
 def make_model(nodes, inputs, output="y", elem=TP.FLOAT, outputs=None) -> onnx.ModelProto:
-    ins = [helper.make_tensor_value_info(n, elem, s) for n, s in inputs]
-    outs = [helper.make_tensor_value_info(o, elem, None) for o in (outputs or [output])]
-    return helper.make_model(helper.make_graph(nodes, "g", ins, outs), opset_imports=[helper.make_opsetid("", 17)])
+    """``inputs``: (name, shape), every value of type ``elem``."""
+    return models.make_model(nodes, [(n, elem, s) for n, s in inputs], [(o, elem, None) for o in (outputs or [output])])
 
 
 def fuse(model):

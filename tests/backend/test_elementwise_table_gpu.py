@@ -5,7 +5,7 @@
 - ops whose result is one correctly rounded operation (or exact) agree with numpy bit for
   bit, NaN, infinities, zeros and subnormals included;
 - the transcendental ones meet ONNX's rule (rtol 1e-3, atol 1e-7) against float64 on a dense
-  sample (tests/backend/elementwise_accuracy.py; the measured errors are in docs/kernels.md);
+  sample (tests/support/elementwise_accuracy.py; the measured errors are in docs/kernels.md);
 - every variant gives the same bits.
 """
 
@@ -16,10 +16,10 @@ import warnings
 
 import numpy as np
 import pytest
-from onnx import helper, numpy_helper
 
-from conftest import assert_node_cases_pass_or_declined
-from elementwise_accuracy import REFERENCES, errors, reference, unary_model
+from support.gpu import assert_node_cases_pass_or_declined
+from support.elementwise_accuracy import REFERENCES, errors, reference, unary_model
+from support.models import node_model
 from onnx_quant.backend_wgpu.spec import templates_dir
 
 OPS = sorted(json.loads((templates_dir() / "elementwise.ops.json").read_text())["ops"])
@@ -65,13 +65,8 @@ def _bits(a):
 
 
 def _model(op, arrays, out_dtype, attrs=None, opset=18, inits=()):
-    vis = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape))
-           for n, a in arrays.items() if n not in inits]
-    out = helper.make_tensor_value_info("out", helper.np_dtype_to_tensor_dtype(np.dtype(out_dtype)), None)
-    node = helper.make_node(op, list(arrays), ["out"], **(attrs or {}))
-    graph = helper.make_graph([node], "g", vis, [out],
-                              initializer=[numpy_helper.from_array(arrays[n], n) for n in inits])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return node_model(op, list(arrays.items()), ["out"], attrs=attrs, opset=opset, out_types=[out_dtype],
+                      inits={n: arrays[n] for n in inits})
 
 
 f32 = np.float32

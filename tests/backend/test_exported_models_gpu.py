@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from onnx_quant import exported_models as em
-from conftest import assert_agree, onnxruntime_run
+from support.oracles import assert_agree, onnxruntime_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 

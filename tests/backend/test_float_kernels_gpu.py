@@ -31,176 +31,14 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from onnx_quant.dtypes import type_name
 from onnx_quant.errors import ExecutionError, QuantError
-from onnx_quant.oracles import widen_u8s8
-from onnx_quant.reference_ops import fma_f32  # noqa: F401 - the test modules beside this one import it from here
+from onnx_quant.reference_ops import fma_f32
+from support.arrays import data, rng
+from support.models import node_model
+from support.oracles import assert_same_bits, ort_run, ref_run
+from support.run import RAN, module_fully_selected, node_spec, registry, run_all_variants, run_node
 
-# tunables that gate variants, set so that every variant's size clause holds
-FORCE_TUNABLES = {"COARSE_MIN_WORDS": 0, "TILED_MIN_MACS": 0, "SERIAL_MAX_ELEMENTS": 10**9,
-                  "SERIAL_MAX_ROW": 10**9, "TABLE_MIN_ELEMENTS": 0}
 EPS = 2.0 ** -24
-
-#: (op type, variant) pairs run by this module (checked by test_every_variant_was_run)
-RAN: set[tuple[str, str]] = set()
-
-
-# ----------------------------------------------------------------------------- devices
-
-# ----------------------------------------------------------------------------- harness
-
-def node_model(op: str, inputs, outputs, *, attrs=None, domain: str = "", opset: int = 17,
-               out_types=None, inits=None) -> onnx.ModelProto:
-    """A one-node model. ``inputs``: (name, array or None for an absent optional input);
-    ``inits``: names among them stored as initializers (their values feed inference)."""
-    inits = dict(inits or {})
-    present = [(n, a) for n, a in inputs if a is not None]
-    vis = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape))
-           for n, a in present if n not in inits]
-    node = helper.make_node(op, [n if a is not None else "" for n, a in inputs], list(outputs),
-                            domain=domain, **(attrs or {}))
-    types = out_types or [present[0][1].dtype] * len(outputs)
-    outs = [helper.make_tensor_value_info(o, helper.np_dtype_to_tensor_dtype(np.dtype(t)), None)
-            for o, t in zip(outputs, types)]
-    imports = [helper.make_opsetid("", opset)]
-    if domain:
-        imports.append(helper.make_opsetid(domain, 1))
-    graph = helper.make_graph([node], "g", vis, outs,
-                              initializer=[numpy_helper.from_array(a, n) for n, a in inits.items()])
-    return helper.make_model(graph, opset_imports=imports)
-
-
-_REGISTRY = []
-
-
-def registry():
-    if not _REGISTRY:
-        from onnx_quant.backend_wgpu.spec import load_specs
-
-        _REGISTRY.append(load_specs())
-    return _REGISTRY[0]
-
-
-def node_spec(model: onnx.ModelProto):
-    node = model.graph.node[0]
-    opsets = {(i.domain or ""): i.version for i in model.opset_import}
-    spec = registry().find(node.domain or "", node.op_type, opsets[node.domain or ""])
-    assert spec is not None, f"no kernel spec for {node.domain}::{node.op_type}"
-    return spec
-
-
-def plan_for(dev, model: onnx.ModelProto, feeds, *, variant=None, tunables=None):
-    """Plan the model's single node: shapes and dtypes from inference, the node's attributes."""
-    from onnx_quant.backend_wgpu.planner import plan_node
-    from onnx_quant.inference import infer_values
-
-    node = model.graph.node[0]
-    spec = node_spec(model)
-    init_names = {i.name for i in model.graph.initializer}
-    values = infer_values(model, {k: list(np.shape(v)) for k, v in feeds.items() if k not in init_names}, runtime=True)
-    shapes, dtypes = {}, {}
-    for spec_names, value_names in ((list(spec.inputs), list(node.input)), (list(spec.outputs), list(node.output))):
-        for i, sname in enumerate(spec_names):
-            vname = value_names[i] if i < len(value_names) else ""
-            if not vname:
-                continue
-            info = values[vname]
-            if info.shape is None or not all(isinstance(d, int) for d in info.shape):
-                raise ExecutionError(f"{node.op_type}: shape of {vname!r} not inferred ({info.shape})")
-            shapes[sname] = tuple(int(d) for d in info.shape)
-            dtypes[sname] = type_name(info.elem_type)
-    attrs = {}
-    for a in node.attribute:
-        v = helper.get_attribute_value(a)
-        attrs[a.name] = v.decode() if isinstance(v, bytes) else v
-    tun = {k: v for k, v in (tunables or {}).items() if k in spec.tunables}
-    return spec, plan_node(spec, shapes=shapes, dtypes=dtypes, device=dev.info, variant=variant,
-                           tunables=tun, node_label=node.op_type, attributes=attrs)
-
-
-def run_node(dev, model: onnx.ModelProto, feeds, *, variant=None, tunables=None):
-    """Outputs (in the spec's output order) and the plan."""
-    from onnx_quant.backend_wgpu.executor import run_plan
-
-    node = model.graph.node[0]
-    spec, plan = plan_for(dev, model, feeds, variant=variant, tunables=tunables)
-    values = dict(feeds)
-    values.update({i.name: numpy_helper.to_array(i) for i in model.graph.initializer})
-    inputs = {s: values[node.input[i]] for i, s in enumerate(spec.inputs) if i < len(node.input) and node.input[i]}
-    outs = run_plan(dev, plan, inputs, node=node.op_type)
-    RAN.add((node.op_type, plan.variant))
-    return [outs[s] for s in spec.outputs], plan
-
-
-def bits(a: np.ndarray) -> np.ndarray:
-    """Bytes of an array with every float NaN mapped to one pattern."""
-    a = np.ascontiguousarray(a)
-    if a.dtype.kind == "f":
-        a = np.where(np.isnan(a), np.array(np.nan, a.dtype), a)
-    return a.reshape(-1).view(np.uint8)
-
-
-def assert_same_bits(got, expected, what=""):
-    got, expected = np.asarray(got), np.asarray(expected)
-    assert got.dtype == expected.dtype, (what, got.dtype, expected.dtype)
-    assert got.shape == expected.shape, (what, got.shape, expected.shape)
-    if not np.array_equal(bits(got), bits(expected)):
-        bad = np.nonzero(bits(got) != bits(expected))[0]
-        raise AssertionError(f"{what}: {len(bad)} bytes differ, e.g. got {got.reshape(-1)[:8]} expected "
-                             f"{expected.reshape(-1)[:8]}")
-
-
-def run_all_variants(dev, model, feeds, tunables=None):
-    """Run every variant of the node's spec whose when clauses hold with the gating tunables
-    forced; assert they agree bit for bit; return (outputs of the first, [variant ids])."""
-    spec = node_spec(model)
-    tun = {**FORCE_TUNABLES, **(tunables or {})}
-    results, ran = None, []
-    for v in spec.variants:
-        try:
-            outs, plan = run_node(dev, model, feeds, variant=v.id, tunables=tun)
-        except ExecutionError as e:
-            if "cannot force this variant" in str(e):
-                continue
-            raise
-        ran.append(v.id)
-        if results is None:
-            results = outs
-        else:
-            for g, e in zip(outs, results):
-                assert_same_bits(g, e, f"{spec.name}: variant {v.id} vs {ran[0]}")
-    assert ran, f"{spec.name}: no variant applies"
-    return results, ran
-
-
-def ort_run(model, feeds):
-    import onnxruntime as ort
-    # uint8 x int8 GEMMs widened to uint8: exact sums on any CPU (onnx_quant/oracles.py)
-    sess = ort.InferenceSession(widen_u8s8(model).model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)
-
-
-def ref_run(model, feeds):
-    from onnx.reference import ReferenceEvaluator
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return ReferenceEvaluator(model).run(None, feeds)
-
-
-def rng(seed=0):
-    return np.random.default_rng(seed)
-
-
-def data(shape, dtype, seed=0, scale=3.0):
-    r = rng(seed + 7 * len(shape))
-    dtype = np.dtype(dtype)
-    if dtype.kind == "f":
-        return np.asarray(r.standard_normal(shape) * scale).astype(dtype)
-    if dtype == np.bool_:
-        return np.asarray(r.integers(0, 2, shape)).astype(bool)
-    info = np.iinfo(dtype)
-    return np.asarray(r.integers(max(info.min, -1000), min(info.max, 1000) + 1, shape)).astype(dtype)
 
 
 # ----------------------------------------------------------------------------- numerics helpers
@@ -764,12 +602,13 @@ def test_onnx_node_test_cases(best):
     assert sum(ran.values()) >= 150, (ran, skipped)
 
 
+@pytest.mark.gpu
 def test_every_variant_was_run(request):
     """Every variant of every kernel spec this module covers ran at least once above."""
-    if request.config.getoption("keyword") or request.config.getoption("markexpr"):
-        from conftest import skip_unless_ci
+    if not module_fully_selected(request):
+        from support.gpu import skip_unless_ci
 
-        skip_unless_ci("only meaningful when the whole module ran (-k / -m selected a part)")
+        skip_unless_ci("only meaningful when the whole module ran (-k, -m or node ids selected a part)")
     assert len(RAN) >= 40, f"the module's node tests recorded only {len(RAN)} (kernel, variant) runs"
     missing = []
     for spec in registry():

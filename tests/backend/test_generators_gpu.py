@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from test_float_kernels_gpu import assert_same_bits, node_model, ref_run, run_node
-from test_space_depth_gpu import TYPES, typed
+from support.arrays import TYPES, typed
+from support.models import node_model
+from support.oracles import assert_same_bits, ref_run
+from support.run import run_node, session_run
 
 #: TensorProto codes of the ml_dtypes types (helper.np_dtype_to_tensor_dtype knows them too)
 NARROW = [ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, ml_dtypes.float8_e4m3fnuz, ml_dtypes.float8_e5m2fnuz,
@@ -81,23 +83,10 @@ def test_trilu_every_type(dev, dtype, upper):
         assert_same_bits(got, ref_run(model, feeds)[0], "vs onnx.reference")
 
 
-def session_run(dev, model, feeds):
-    """Run through Session with no host fallback (graph inputs that decide shapes are read when
-    the plan is made)."""
-    from onnx_quant.backend_wgpu.session import Session
-
-    with Session(model, device=dev, allow_host_fallback=False) as s:
-        return s.run(None, feeds)
-
-
 def graph_model(op, inputs, out_type, *, opset, attrs=None, n_outputs=1):
-    """A one-node model whose inputs are all graph inputs."""
-    vis = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape)) for n, a in inputs]
-    outs = [helper.make_tensor_value_info(f"y{k}", helper.np_dtype_to_tensor_dtype(np.dtype(out_type)), None)
-            for k in range(n_outputs)]
-    node = helper.make_node(op, [n for n, _ in inputs], [o.name for o in outs], **(attrs or {}))
-    g = helper.make_graph([node], "g", vis, outs)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    """A one-node model whose inputs are all graph inputs (outputs y0, y1, ...)."""
+    return node_model(op, inputs, [f"y{k}" for k in range(n_outputs)], attrs=attrs, opset=opset,
+                      out_types=[out_type] * n_outputs)
 
 
 RANGES = [(0, 10, 1), (3, 9, 3), (10, 4, -2), (-7, 50, 5), (5, 5, 1), (5, 4, 1), (-3, -40, -7)]
@@ -199,7 +188,7 @@ def test_one_hot_declines_a_fractional_depth_and_float64_indices(dev):
 
 
 def test_one_hot_float_values_are_written_as_given_like_onnxruntime(dev):
-    from test_float_kernels_gpu import ort_run
+    from support.oracles import ort_run
 
     feeds = {"indices": np.array([[0, 2], [-1, 5]], np.int64), "depth": np.array(3, np.int64),
              "values": np.array([0.3, 0.1], np.float32)}
@@ -216,6 +205,6 @@ OPS = ("DepthToSpace", "SpaceToDepth", "Trilu", "Range", "ConstantOfShape", "Eye
 
 
 def test_onnx_node_cases_pass_on_the_gpu_or_are_declined_by_name(dev):
-    from conftest import assert_node_cases_pass_or_declined
+    from support.gpu import assert_node_cases_pass_or_declined
 
     assert_node_cases_pass_or_declined(dev, OPS, DECLINED, at_least=88)

@@ -22,15 +22,14 @@ from onnx import helper
 
 from onnx_quant.errors import ExecutionError, HostFallbackWarning, QuantWarning
 from onnx_quant.oracles import widen_u8s8
+from support.models import make_model
+from support.oracles import ref_run as reference
 
 KERNEL_FILES = ("dynamic_quantize_linear.kernel.json", "cast.kernel.json")
 TABLE_OPS = ("Add", "Sub", "Mul")  # rows of templates/elementwise.ops.json
 
 
-@pytest.fixture(scope="module")
-def dev(best):
-    """The default adapter only (conftest's ``dev`` adds OpenGL)."""
-    return best
+pytestmark = pytest.mark.devices("best")  # dev: the default adapter only (conftest's default adds OpenGL)
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +49,6 @@ def session(model, dev, reg, **kw):
         return Session(model, device=dev, specs=reg, **kw)
 
 
-def reference(model, feeds, names=None):
-    from onnx.reference import ReferenceEvaluator
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return ReferenceEvaluator(model).run(names, feeds)
-
-
 def assert_same(got, expected):
     assert len(got) == len(expected)
     for i, (g, e) in enumerate(zip(got, expected)):
@@ -72,8 +63,7 @@ def assert_same(got, expected):
 
 
 def model(nodes, inputs, outputs, initializers=(), opset=17):
-    g = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+    return make_model(nodes, inputs, outputs, initializers, opset, ir_version=8)
 
 
 def vi(name, t, shape):

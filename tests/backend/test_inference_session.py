@@ -18,14 +18,8 @@ from onnx_quant import model_zoo
 from onnx_quant.backend_wgpu.inference_session import DISABLE_CPU_FALLBACK, resolve_providers
 from onnx_quant.errors import DeviceError, ExecutionError
 from onnx_quant.oracles import widen_u8s8
-from tests.conftest import gpu_adapters
 
 BINDINGS = {"N": 2, "H": 8, "W": 8}
-
-
-@pytest.fixture(scope="module")
-def adapters():
-    return gpu_adapters()
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +43,7 @@ def test_import_onnx_quant_is_cheap_and_exposes_the_public_names():
 
 
 @pytest.mark.parametrize("family,fmt", [("cnn", "qdq"), ("mlp", "dynamic"), ("cnn", "qoperator")])
+@pytest.mark.gpu
 def test_same_calls_as_onnxruntime(family, fmt):
     """Same calls on both: providers list, get_inputs/get_outputs, get_modelmeta, run with output names."""
     model = model_zoo.quantized(family, fmt, per_channel=True, seed=1,
@@ -79,6 +74,7 @@ def test_same_calls_as_onnxruntime(family, fmt):
     assert ours.run(None, feeds)[0].tobytes() == got[0].tobytes()
 
 
+@pytest.mark.gpu
 def test_output_shapes_come_from_inference_when_undeclared():
     x = helper.make_tensor_value_info("x", TP.FLOAT, ["N", 4])
     y = helper.make_tensor_value_info("y", TP.FLOAT, None)
@@ -92,19 +88,19 @@ def test_output_shapes_come_from_inference_when_undeclared():
         ("y", "tensor(float)", ["N", 4]), ("s", "tensor(int64)", [2])]
 
 
-def test_provider_list_semantics(adapters):
-    backends = {a.backend for a in adapters}
+def test_provider_list_semantics(gpu):
+    backends = {a.backend for a in gpu}
     choice = resolve_providers(None)
     assert choice.host_fallback and choice.names[-1] == "CPUExecutionProvider"
     with pytest.warns(UserWarning, match="not available on this machine"):
         choice = resolve_providers(["metal-does-not-exist", "vulkan"])
-    assert adapters[choice.adapter].backend == "Vulkan"
+    assert gpu[choice.adapter].backend == "Vulkan"
     if "OpenGL" in backends:
         choice = resolve_providers([("opengl", {"limits": "default"}), "vulkan"])
-        assert adapters[choice.adapter].backend == "OpenGL" and choice.options == {"limits": "default"}
+        assert gpu[choice.adapter].backend == "OpenGL" and choice.options == {"limits": "default"}
         assert resolve_providers(["opengl"]).host_fallback  # CPU is appended implicitly
-    assert resolve_providers([len(adapters) - 1]).adapter == len(adapters) - 1
-    assert resolve_providers([str(len(adapters) - 1)]).adapter == len(adapters) - 1
+    assert resolve_providers([len(gpu) - 1]).adapter == len(gpu) - 1
+    assert resolve_providers([str(len(gpu) - 1)]).adapter == len(gpu) - 1
     with pytest.warns(UserWarning), pytest.raises(DeviceError, match="none names a GPU adapter"):
         resolve_providers(["CUDAExecutionProvider", "CPUExecutionProvider"])
     with pytest.raises(ExecutionError, match="unknown options"):
@@ -123,6 +119,7 @@ def _host_only_model() -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
 
 
+@pytest.mark.gpu
 def test_disable_cpu_fallback_is_honoured():
     m = _host_only_model()
     so = ort.SessionOptions()   # onnxruntime's own options object works too
@@ -149,6 +146,7 @@ def _stage(name_in: str, name_out: str, c_in: int, c_out: int, seed: int) -> onn
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
+@pytest.mark.gpu
 def test_pipeline_passes_a_device_value_between_sessions(qdq_cnn):
     """detector -> recogniser: stage A's output stays on the device and feeds model B; the
     result matches the host round trip bit for bit, with fewer bytes read back."""
@@ -180,6 +178,7 @@ def test_pipeline_passes_a_device_value_between_sessions(qdq_cnn):
         kept.numpy()
 
 
+@pytest.mark.gpu
 def test_io_binding_keeps_outputs_on_the_device_across_runs():
     stage_a = _stage("x", "y", 4, 4, seed=2)
     stage_b = _stage("y", "z", 4, 4, seed=3)
@@ -207,7 +206,7 @@ def test_io_binding_keeps_outputs_on_the_device_across_runs():
     assert y.released
 
 
-def test_device_value_checks_device_dtype_and_shape(adapters):
+def test_device_value_checks_device_dtype_and_shape(gpu):
     stage = _stage("x", "y", 2, 2, seed=4)
     sess = onnx_quant.InferenceSession(stage)
     dev = sess.session.device
@@ -217,7 +216,7 @@ def test_device_value_checks_device_dtype_and_shape(adapters):
         sess.run(None, {"x": onnx_quant.DeviceValue.from_numpy(np.zeros((1, 2, 8, 8), np.int32), dev)})
     with pytest.raises(ExecutionError, match="dim 2 must be 8"):
         sess.run(None, {"x": onnx_quant.DeviceValue.from_numpy(np.zeros((1, 2, 4, 8), np.float32), dev)})
-    if any(a.backend == "OpenGL" for a in adapters):
+    if any(a.backend == "OpenGL" for a in gpu):
         from onnx_quant.backend_wgpu.device import get_device
 
         other = get_device("opengl")
@@ -226,6 +225,7 @@ def test_device_value_checks_device_dtype_and_shape(adapters):
             sess.run(None, {"x": foreign})
 
 
+@pytest.mark.gpu
 def test_device_outputs_of_every_origin():
     """An output that is a feed, an initializer or a host value can be kept on the device too."""
     x = helper.make_tensor_value_info("x", TP.FLOAT, [3])

@@ -21,7 +21,8 @@ import warnings
 
 import numpy as np
 import pytest
-from onnx import helper
+
+from support.models import node_model
 
 INT_TYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
 SIGNED = [t for t in INT_TYPES if np.dtype(t).kind == "i"]
@@ -29,13 +30,8 @@ IDS = [np.dtype(t).name for t in INT_TYPES]
 
 
 def _model(op, arrays, out_dtype, attrs=None, opset=18, names=None):
-    names = names or list(arrays)
-    vis = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape))
-           for n, a in zip(names, arrays.values())]
-    out = helper.make_tensor_value_info("out", helper.np_dtype_to_tensor_dtype(np.dtype(out_dtype)), None)
-    node = helper.make_node(op, names, ["out"], **(attrs or {}))
-    graph = helper.make_graph([node], "g", vis, [out])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return node_model(op, list(zip(names or list(arrays), arrays.values())), ["out"], attrs=attrs, opset=opset,
+                      out_types=[out_dtype])
 
 
 def _run(op, arrays, out_dtype, device, attrs=None, opset=18, **kw):

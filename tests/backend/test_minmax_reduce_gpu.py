@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from test_float_kernels_gpu import (
-    assert_same_bits, data, node_model, ref_run, run_all_variants, run_node,
-)
+from support.arrays import data
+from support.models import node_model
+from support.oracles import assert_same_bits, ref_run
+from support.run import run_all_variants, run_node
 
 
 @pytest.mark.parametrize("op", ["Min", "Max"])

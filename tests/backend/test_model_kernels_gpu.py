@@ -51,7 +51,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_quant.errors import ExecutionError, QuantError
-from conftest import onnxruntime_run
+from support.arrays import ints as _ints
+from support.models import make_model, qsm_model
+from support.oracles import np_qlinear_softmax, np_softmax_table, onnxruntime_run
+from support.run import applicable, run_variants
 
 f32 = np.float32
 FLT_MAX = np.finfo(np.float32).max
@@ -62,50 +65,13 @@ FLT_MAX = np.finfo(np.float32).max
 # ----------------------------------------------------------------------------- helpers
 
 def _model(node, inputs, inits, out_type, opset=21, ms=False, out_shape=None):
-    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info(node.output[0], out_type, out_shape)],
-                              initializer=inits)
-    imports = [helper.make_opsetid("", opset)] + ([helper.make_opsetid("com.microsoft", 1)] if ms else [])
-    return helper.make_model(graph, opset_imports=imports)
+    return make_model(node, inputs, [(node.output[0], out_type, out_shape)], inits, opset,
+                      extra_opsets=["com.microsoft"] if ms else ())
 
 
 def ort_run(model, feeds):
-    """onnxruntime's output with exact uint8 x int8 sums on any CPU (conftest.onnxruntime_run)."""
+    """onnxruntime's output with exact uint8 x int8 sums on any CPU (support.oracles.onnxruntime_run)."""
     return onnxruntime_run(model, feeds)[0]
-
-
-def applicable(dev, model, feeds, tunables=None):
-    """Variant ids whose when clauses hold for these feeds (the one node of the model)."""
-    from onnx_quant.backend_wgpu.session import Session
-
-    with Session(model, device=dev, tunables=tunables) as s:
-        sel = s.explain({k: v.shape for k, v in feeds.items()})[0]["selection"]
-    return [v for v, failing in sel.items() if failing is None]
-
-
-def run_variants(dev, model, feeds, tunables=None, expect=None):
-    """Every applicable variant, forced; asserts they agree bit for bit; returns the output.
-    ``expect``: variant ids that must be among the applicable ones."""
-    from onnx_quant.backend_wgpu.session import Session
-
-    op = model.graph.node[0].op_type
-    ids = applicable(dev, model, feeds, tunables)
-    assert ids, "no variant applies"
-    for v in expect or ():
-        assert v in ids, (v, ids)
-    outs = []
-    for v in ids:
-        with Session(model, device=dev, variants={op: v}, tunables=tunables, allow_host_fallback=False) as s:
-            outs.append((v, s.run(None, feeds)[0]))
-    first = outs[0][1]
-    for v, o in outs[1:]:
-        assert o.dtype == first.dtype and o.shape == first.shape
-        assert np.array_equal(o.view(np.uint8), first.view(np.uint8)), f"variant {v} differs from {outs[0][0]}"
-    return first
-
-
-def _ints(rng, dt, shape):
-    info = np.iinfo(dt)
-    return rng.integers(info.min, info.max + 1, size=shape).astype(dt)
 
 
 # ============================================================================= QGemm
@@ -283,55 +249,6 @@ def test_qgemm_refuses_bad_nodes_naming_the_rule(best, change, rule):
 
 
 # ============================================================================= QLinearSoftmax
-
-def np_softmax_table(x_scale, D: int) -> np.ndarray:
-    """onnxruntime's table by d = x - max + 255 (float64 arithmetic, logf in float32)."""
-    L = float(f32(math.log(float(f32(f32(FLT_MAX) / f32(D))))))
-    bs = max(0.0, L - 5.0) / float(f32(x_scale))
-    with np.errstate(under="ignore"):
-        return np.exp((np.arange(256, dtype=np.float64) - 255 + bs) * float(f32(x_scale))).astype(f32)
-
-
-def np_qlinear_softmax(x, x_scale, y_scale, y_zp, axis=-1, opset=13):
-    x = np.asarray(x)
-    rank = x.ndim
-    ax = (axis if axis is not None else -1) % rank  # onnxruntime: -1 whatever the opset
-    if opset < 13:
-        rows = x.reshape(int(np.prod(x.shape[:ax])), -1)
-        perm = None
-    else:
-        perm = list(range(rank))
-        perm[ax], perm[-1] = perm[-1], perm[ax]
-        rows = x.transpose(perm).reshape(-1, x.shape[ax])
-    D = rows.shape[1]
-    T = np_softmax_table(x_scale, D)
-    ys = f32(np.floor(f32(1.0) / f32(y_scale)))
-    info = np.iinfo(x.dtype)
-    out = np.empty_like(rows)
-    for r in range(rows.shape[0]):
-        v = rows[r].astype(np.int64)
-        t = T[v - v.max() + 255]
-        s = np.cumsum(t, dtype=f32)[-1]  # float32, in row order
-        inv = f32(f32(1.0) / s)
-        q = ((t * inv).astype(f32) * ys).astype(f32).astype(np.float64)
-        out[r] = np.clip(np.rint(q) + int(y_zp), info.min, info.max).astype(x.dtype)
-    if opset < 13:
-        return out.reshape(x.shape)
-    return out.reshape([x.shape[p] for p in perm]).transpose(perm)
-
-
-def qsm_model(x, x_scale, y_scale, y_zp, axis, opset, with_y_zp=True):
-    dt = helper.np_dtype_to_tensor_dtype(x.dtype)
-    attrs = {"opset": opset} | ({} if axis is None else {"axis": axis})
-    names = ["x", "x_scale", "x_zp", "y_scale"] + (["y_zp"] if with_y_zp else [])
-    node = helper.make_node("QLinearSoftmax", names, ["y"], domain="com.microsoft", name="qsm", **attrs)
-    inits = [numpy_helper.from_array(np.asarray(x_scale, f32), "x_scale"),
-             numpy_helper.from_array(np.zeros((), x.dtype), "x_zp"),
-             numpy_helper.from_array(np.asarray(y_scale, f32), "y_scale")]
-    if with_y_zp:
-        inits.append(numpy_helper.from_array(np.asarray(y_zp, x.dtype), "y_zp"))
-    return _model(node, [helper.make_tensor_value_info("x", dt, x.shape)], inits, dt, ms=True)
-
 
 QSM_CASES = [
     # dtype, shape, axis, opset, y_scale, y_zp

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from onnx import TensorProto, helper
 
-from conftest import assert_node_cases_pass_or_declined, gpu_examples
-from conftest import onnxruntime_run
+from support.gpu import assert_node_cases_pass_or_declined, gpu_examples
+from support.oracles import onnxruntime_run
 
 #: element types of NonZero-13's T with a device layout, and the values their data is drawn from
 #: (zeros of both signs, NaN: numpy.nonzero counts NaN, not -0.0)

@@ -18,7 +18,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from conftest import assert_node_cases_pass_or_declined, run_every_variant, value_info_of
+from support.gpu import assert_node_cases_pass_or_declined, run_every_variant
+from support.models import value_info_of
 
 f32 = np.float32
 OPS = ("RMSNormalization", "InstanceNormalization", "GroupNormalization", "BatchNormalization", "LpNormalization",

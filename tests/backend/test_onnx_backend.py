@@ -30,15 +30,6 @@ def _gpu_reason() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def gpu():
-    reason = _gpu_reason()
-    if reason:
-        from conftest import no_gpu
-
-        no_gpu(reason)
-
-
 def _node_cases(*op_types):
     from onnx_quant.node_cases import all_node_cases
 
@@ -156,14 +147,17 @@ if _gpu_reason() is None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _CASES = _harness_cases()
+    _CASES = {name: pytest.mark.gpu(cls) for name, cls in _CASES.items()}  # every case runs on the GPU
     globals().update(_CASES)
 
+    @pytest.mark.gpu
     def test_harness_collected_the_dql_cases():
         names = sorted(n for cls in _CASES.values() for n in dir(cls) if n.startswith("test_"))
         assert "test_dynamicquantizelinear_cpu" in names and len(names) == 6, names
         assert not any(n.endswith("_cuda") for n in names)
 else:
+    @pytest.mark.gpu
     def test_harness_needs_an_adapter():
-        from conftest import no_gpu
+        from support.gpu import no_gpu
 
         no_gpu(_gpu_reason())

@@ -21,6 +21,7 @@ import re
 import unittest
 import warnings
 
+import pytest
 from onnx.backend.test import BackendTest
 
 from onnx_quant import backend_wgpu
@@ -58,6 +59,7 @@ def _family_only(test_cases: dict[str, type]) -> dict[str, type]:
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # enable_report's onnx_coverage mark is not registered here
     _CASES = _family_only(backend_test.enable_report().test_cases)
+_CASES = {name: pytest.mark.gpu(cls) for name, cls in _CASES.items()}  # every case runs on the GPU
 globals().update(_CASES)
 
 

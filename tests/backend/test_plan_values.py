@@ -20,7 +20,8 @@ from onnx_quant.backend_wgpu.planner import MAX_CONSTANT_ELEMENTS, plan_node
 from onnx_quant.errors import ExecutionError, KernelRejected, SpecError
 from onnx_quant.inference import infer_values
 
-from test_spec import load_doc, reject, write_spec
+from support.models import make_model
+from support.specs import load_doc, reject, write_spec
 
 SHADER = "k.wgsl.jinja"
 
@@ -103,7 +104,7 @@ def test_values_of_a_non_constant_input_and_constant_outputs_are_refused_at_load
 
 
 def _model(nodes, inputs, outputs):
-    m = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs), opset_imports=[helper.make_opsetid("", 13)])
+    m = make_model(nodes, inputs, outputs, opset=13)
     infos = [gp.NodeInfo(i, f"n{i}", n, "", 13, None, "host" if n.op_type == "Slice" else "gpu", "", ())
              for i, n in enumerate(m.graph.node)]
     return m, infos

@@ -11,18 +11,12 @@ import numpy as np
 import pytest
 from onnx import TensorProto as TP, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
+from support.models import make_model as _model
 
 F32 = np.float32
 
 
-@pytest.fixture(scope="module")
-def dev(best):
-    return best
-
-
-def _model(nodes, inputs, outputs, inits=(), opset=17):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+pytestmark = pytest.mark.devices("best")  # dev: the default adapter only (conftest's default adds OpenGL)
 
 
 def _vi(name, dtype, shape):
@@ -278,7 +272,7 @@ def test_qlinear_concat_at_three_shapes_is_onnxruntime_bit_for_bit(dev):
     """QLinearConcat (the per-input passes requantize) along the channels and along the width:
     the later shapes compile nothing, every output onnxruntime's bits."""
     from onnx_quant.backend_wgpu.session import Session
-    from conftest import onnxruntime_run
+    from support.oracles import onnxruntime_run
 
     rng = np.random.default_rng(5)
     inits = [_const(n, np.array(v, dt)) for n, v, dt in

@@ -7,20 +7,16 @@ dynamic ones)."""
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from onnx.reference import ReferenceEvaluator
-from conftest import onnxruntime_run
+from support.models import make_model
+from support.oracles import onnxruntime_run, ref_run as _reference
 
 MS = "com.microsoft"
 
 
-@pytest.fixture(scope="module")
-def dev(best):
-    return best
+pytestmark = pytest.mark.devices("best")  # dev: the default adapter only (conftest's default adds OpenGL)
 
 
 def _vi(name, dtype, shape):
@@ -28,9 +24,7 @@ def _vi(name, dtype, shape):
 
 
 def _model(nodes, inputs, outputs, inits, domains=()):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=inits)
-    imports = [helper.make_opsetid("", 21)] + [helper.make_opsetid(d, 1) for d in domains]
-    return helper.make_model(graph, opset_imports=imports, ir_version=10)
+    return make_model(nodes, inputs, outputs, inits, 21, extra_opsets=domains, ir_version=10)
 
 
 def _q(rng, dtype, shape):
@@ -106,12 +100,6 @@ def _qgemm(rng, trans_a, c_rows):
                             ["Y"], domain=MS, transA=int(trans_a), transB=1)
     return _model([node], inputs, [_vi("Y", TensorProto.UINT8, None)], inits, domains=(MS,))
 
-
-
-def _reference(model, feeds):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return ReferenceEvaluator(model).run(None, feeds)
 
 
 def _ort_unfused(model, feeds):

@@ -12,15 +12,12 @@ import numpy as np
 import pytest
 from onnx import TensorProto as TP, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
-from conftest import onnxruntime_run, runs_from_a_cold_cache
+from support.gpu import runs_from_a_cold_cache
+from support.models import make_model as _model  # (node, inputs, outputs, inits, [(domain, version), ...])
+from support.oracles import onnxruntime_run
 
 MS = "com.microsoft"
 F32 = np.float32
-
-
-def _model(node, inputs, outputs, inits=(), opsets=(("", 17),)):
-    graph = helper.make_graph([node], "g", inputs, outputs, initializer=list(inits))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
 
 
 def _vi(name, dtype, rank_or_dims):

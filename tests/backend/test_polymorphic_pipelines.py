@@ -16,20 +16,17 @@ from onnx.reference import ReferenceEvaluator
 
 from onnx_quant.backend_wgpu.uniforms import UniformMisuse, UniformScalar
 from onnx_quant.errors import DeviceError
-from conftest import onnxruntime_run
+from support.models import make_model
+from support.oracles import onnxruntime_run
 
 F32 = np.float32
 
 
-@pytest.fixture(scope="module")
-def dev(best):
-    return best
+pytestmark = pytest.mark.devices("best")  # dev: the default adapter only (conftest's default adds OpenGL)
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=17, domains=()):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
-    imports = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, 1) for d in domains]
-    return helper.make_model(graph, opset_imports=imports)
+    return make_model(nodes, inputs, outputs, inits, opset, extra_opsets=domains)
 
 
 def _vi(name, dtype, shape):

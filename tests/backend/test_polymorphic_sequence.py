@@ -21,16 +21,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from onnx.reference import ReferenceEvaluator
 
-from conftest import assert_agree, onnxruntime_run
+from support.models import make_model
+from support.oracles import assert_agree, onnxruntime_run, ref_run as _reference
 
 F32 = np.float32
 
 
-@pytest.fixture(scope="module")
-def dev(best):
-    return best
+pytestmark = pytest.mark.devices("best")  # dev: the default adapter only (conftest's default adds OpenGL)
 
 
 def _vi(name, dtype, shape):
@@ -38,14 +36,7 @@ def _vi(name, dtype, shape):
 
 
 def _model(nodes, inputs, inits=(), opset=21):
-    graph = helper.make_graph(nodes, "g", inputs, [_vi("y", TensorProto.UNDEFINED, None)], initializer=list(inits))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
-
-
-def _reference(model, feeds):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return ReferenceEvaluator(model).run(None, feeds)
+    return make_model(nodes, inputs, [_vi("y", TensorProto.UNDEFINED, None)], inits, opset, ir_version=10)
 
 
 def _q(rng, dtype, shape):

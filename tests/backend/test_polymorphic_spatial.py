@@ -17,18 +17,22 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
-from conftest import onnxruntime_run, runs_from_a_cold_cache
-from test_contrib_kernels_gpu import assert_matches_ort, model_qglobal
-from test_polymorphic_conv import (  # the conv family's models, at symbolic image dims here
-    _conv_integer_model, _dynamic_conv_unit, _float_conv_model, _model, _qlinear_conv_model, _vi)
+from support.gpu import runs_from_a_cold_cache
+from support.models import (  # the conv family's models (test_polymorphic_conv's), at symbolic image dims here
+    conv_integer_model as _conv_integer_model, dynamic_conv_unit as _dynamic_conv_unit,
+    float_conv_model as _float_conv_model, qlinear_conv_model as _qlinear_conv_model)
+from support.models import make_model, vi as _vi
+from support.oracles import assert_matches_ort, model_qglobal, onnxruntime_run
 
 F32 = np.float32
 MS = "com.microsoft"
 
 
-@pytest.fixture(scope="module")
-def dev(best):
-    return best
+def _model(nodes, inputs, outputs, inits=(), opset=17):
+    return make_model(nodes, inputs, outputs, inits, opset, ir_version=10)
+
+
+pytestmark = pytest.mark.devices("best")  # dev: the default adapter only (conftest's default adds OpenGL)
 
 
 def _run_two_sizes(dev, model, feeds_list, kernel, variant=None):

@@ -43,6 +43,7 @@ def _gpu_nodes(session, feeds) -> list[str]:
 
 
 @pytest.mark.parametrize("clock", [None, "host-wall"])
+@pytest.mark.gpu
 def test_session_profile_times_every_gpu_node_every_run(demo_model, clock):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -80,6 +81,7 @@ def test_session_profile_times_every_gpu_node_every_run(demo_model, clock):
     assert table[0]["node"] in text.splitlines()[2]
 
 
+@pytest.mark.gpu
 def test_trace_is_chrome_trace_json(demo_model, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -104,6 +106,7 @@ def test_trace_is_chrome_trace_json(demo_model, tmp_path):
     assert {p["args"]["node"] for p in passes} == {e["name"] for e in node_events}
 
 
+@pytest.mark.gpu
 def test_host_fallback_nodes_are_host_timed():
     from onnx import TensorProto as TP, helper
 
@@ -145,6 +148,7 @@ def test_table_aggregates_runs():
         Profiler(_Dev(), "cpu")
 
 
+@pytest.mark.gpu
 def test_inference_session_enable_profiling(demo_model, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     so = onnx_quant.SessionOptions()
@@ -168,6 +172,7 @@ def _table_rows(lines: list[str]) -> list[list[str]]:
     return [ln.split() for ln in lines[head + 1:] if not ln.startswith(("trace:", "total ", "... "))]
 
 
+@pytest.mark.gpu
 def test_cli_profile_prints_the_table_and_writes_the_trace(demo_model, tmp_path):
     trace = tmp_path / "trace.json"
     out = subprocess.run([sys.executable, "-m", "onnx_quant", "profile", demo_model, "--runs", str(RUNS),
@@ -245,6 +250,7 @@ def test_format_table_bounds_its_width_and_counts_what_top_leaves_out():
     assert prof.table()[0]["node"] == long  # --json keeps the whole name
 
 
+@pytest.mark.gpu
 def test_cli_profile_cuts_long_names_but_keeps_them_in_json_and_trace(tmp_path, capsys):
     from onnx_quant.cli import main
 

@@ -22,7 +22,7 @@ from onnx import TensorProto as TP, helper, numpy_helper
 
 from onnx_quant.backend_wgpu.qdq_fusion import fuse_qdq
 from onnx_quant.oracles import not_an_oracle
-from conftest import onnxruntime_run
+from support.oracles import onnxruntime_run
 
 U8, I8, I32, F = TP.UINT8, TP.INT8, TP.INT32, TP.FLOAT
 NP = {U8: np.uint8, I8: np.int8, I32: np.int32, TP.UINT16: np.uint16, TP.INT16: np.int16}

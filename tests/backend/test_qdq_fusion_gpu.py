@@ -21,13 +21,9 @@ import numpy as np
 import pytest
 
 from onnx_quant import exported_models, model_zoo
-from conftest import onnxruntime_run
+from support.models import ZOO
+from support.oracles import onnxruntime_run
 
-ZOO = {
-    "cnn": (dict(blocks=1, channels=4), {"N": 2, "H": 8, "W": 8}),
-    "mlp": (dict(layers=2, features=16, hidden=16), {"N": 3}),
-    "transformer": (dict(blocks=1, d_model=16, heads=2, ffn=32), {"B": 2, "S": 4}),
-}
 CASES = [f"{f}-{pc}" for f in ZOO for pc in ("per_tensor", "per_channel")] + \
         ["exported-yolo_head", "exported-mobilenet_v3", "exported-transformer", "exported-crnn"]
 #: cases whose fused result is not compared with onnxruntime bit for bit (see the module doc)

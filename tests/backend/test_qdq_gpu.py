@@ -56,12 +56,8 @@ OPSETS = (10, 13, 19, 21, 23, 24, 25, 28)
 # ----------------------------------------------------------------------------- devices
 
 
-@pytest.fixture(scope="module", params=["best", "best-no-subgroup", "opengl"])
-def dev(request):
-    """Also the default adapter without its optional features (no shader-f16, no subgroups)."""
-    from conftest import gpu_device
-
-    return gpu_device(request.param)
+#: dev: also the default adapter without its optional features (no shader-f16, no subgroups)
+pytestmark = pytest.mark.devices("best", "best-no-subgroup", "opengl")
 
 
 # ----------------------------------------------------------------------------- models
@@ -493,11 +489,12 @@ def _agree_params():
 
 
 @pytest.mark.parametrize("kind, op, x_type, y_type, gran", _agree_params())
+@pytest.mark.gpu
 def test_every_variant_on_every_device_agrees(kind, op, x_type, y_type, gran):
     """per_tensor (where it applies), general and simple, forced, on Vulkan (subgroups, f16),
     Vulkan without features and OpenGL, with WebGPU default limits; 1000+ elements so that
     several workgroups run and the last word of y is partial."""
-    from conftest import gpu_device
+    from support.gpu import gpu_device
 
     dev = gpu_device(kind)
     x_shape = (5, 7, 29)

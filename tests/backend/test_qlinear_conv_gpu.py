@@ -20,7 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-from conftest import assert_bits, assert_node_cases_every_variant, gpu_device, gpu_examples, skip_unless_ci, value_info_of
+from support.gpu import assert_node_cases_every_variant, gpu_device, gpu_examples, skip_unless_ci
+from support.models import value_info_of
+from support.oracles import assert_bits
 from onnx_quant.dtypes import element_type
 from onnx_quant.errors import DeviceError, ExecutionError
 from onnx_quant.oracles import widen_u8s8
@@ -312,6 +314,7 @@ def test_onnx_node_cases(best):
 
 # ----------------------------------------------------------------------------- limits and errors
 
+@pytest.mark.gpu
 def test_large_kernel_loops_and_split_grids():
     """A 5x5x2 kernel (more than 32 taps: the blocked variant loops instead of unrolling) on a
     device whose maxComputeWorkgroupsPerDimension is 16, so grids split over x and y."""

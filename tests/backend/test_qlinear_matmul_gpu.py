@@ -24,7 +24,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-from conftest import assert_bits, assert_node_cases_every_variant, gpu_device, gpu_examples, skip_unless_ci, value_info_of
+from support.gpu import assert_node_cases_every_variant, gpu_device, gpu_examples, skip_unless_ci
+from support.models import value_info_of
+from support.oracles import assert_bits
 from onnx_quant.dtypes import element_type
 from onnx_quant.errors import DeviceError, ExecutionError
 from onnx_quant.oracles import widen_u8s8
@@ -588,6 +590,7 @@ def test_empty_and_degenerate_shapes(best, a_shape, b_shape):
         assert_bits(got, expected, f"{a_shape} x {b_shape} {v}")
 
 
+@pytest.mark.gpu
 def test_grids_split_beyond_the_dispatch_limit():
     """With maxComputeWorkgroupsPerDimension lowered to 16, every pass splits its 1-D sequence
     of workgroups over x and y (spare workgroups return) and results stay exact."""

@@ -81,24 +81,9 @@ def quantized_model(family: str, fmt: str, per_channel: bool):
         return model_zoo.quantized(family, fmt, per_channel=per_channel, **MODELS[family][0])
 
 
-@pytest.fixture(scope="module")
-def device():
-    from conftest import no_gpu
-
-    from onnx_quant.backend_wgpu.device import get_device, list_adapters
-    from onnx_quant.errors import DeviceError
-
-    try:
-        if not list_adapters():
-            no_gpu("wgpu lists no adapter")
-        return get_device(None, limits="default")
-    except DeviceError as e:
-        no_gpu(str(e))
-
-
 def ort_run(model, feeds, *, optimize: bool = True):
-    """onnxruntime's outputs with exact uint8 x int8 sums on any CPU (conftest.onnxruntime_run)."""
-    from conftest import onnxruntime_run
+    """onnxruntime's outputs with exact uint8 x int8 sums on any CPU (support.oracles.onnxruntime_run)."""
+    from support.oracles import onnxruntime_run
 
     return onnxruntime_run(model, feeds, level="ORT_ENABLE_ALL" if optimize else "ORT_DISABLE_ALL")
 
@@ -163,14 +148,14 @@ def run_on_gpu(model, device, feeds_list):
 
 
 @pytest.mark.parametrize("case", CASES, ids=_ids)
-def test_quantized_model_matches_onnxruntime(case, device):
+def test_quantized_model_matches_onnxruntime(case, best):
     family, fmt, per_channel = case
     model = quantized_model(family, fmt, per_channel)
     dims = MODELS[family][1]
     feeds_list = [model_zoo.random_feeds(model, dims, seed=11)]
     if family == "cnn":  # the symbolic batch and spatial dims: a second binding on the same session
         feeds_list.append(model_zoo.random_feeds(model, {**dims, "N": 1, "H": 12, "W": 10}, seed=12))
-    outs, host, names = run_on_gpu(model, device, feeds_list)
+    outs, host, names = run_on_gpu(model, best, feeds_list)
     lines = []
     for feeds, got in zip(feeds_list, outs):
         expected, expected_noopt = ort_run(model, feeds), ort_run(model, feeds, optimize=False)

@@ -13,7 +13,7 @@ from onnx_quant.backend_wgpu.conformance import run_case
 from onnx_quant.backend_wgpu.session import Session
 from onnx_quant.errors import ExecutionError
 from onnx_quant.node_cases import all_node_cases
-from conftest import onnxruntime_run
+from support.oracles import onnxruntime_run
 
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 #: float32 recurrences summed in another order than the oracle's: both are within this of float64

@@ -26,7 +26,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from onnx_quant.errors import ExecutionError
-from conftest import assert_node_cases_pass_or_declined
+from support.gpu import assert_node_cases_pass_or_declined
 
 U = 2.0 ** -24  # unit roundoff of float32
 U16 = 2.0 ** -11  # of float16

@@ -159,7 +159,7 @@ def test_snippets_are_included_not_copied():
 # ----------------------------------------------------------------------------- compile on device
 
 def _devices():
-    from conftest import gpu_adapters
+    from support.gpu import gpu_adapters
 
     from onnx_quant.backend_wgpu.device import get_device
 
@@ -171,6 +171,7 @@ def _devices():
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.gpu
 def test_rendered_passes_compile(spec, variant):
     from onnx_quant.backend_wgpu.pipelines import layout_key
 

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from test_float_kernels_gpu import assert_same_bits, ort_run, ref_run
-from test_space_depth_gpu import TYPES, typed
+from support.arrays import TYPES, typed
+from support.oracles import assert_same_bits, ort_run, ref_run
 
 CTMS = ["half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_crop_and_resize"]
 NEAREST = ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]

@@ -15,10 +15,7 @@ from onnx_quant.backend_wgpu.commands import dql_model, numpy_dynamic_quantize_l
 from onnx_quant.errors import ExecutionError, ModelLoadError
 
 
-@pytest.fixture(scope="module")
-def dev(best):
-    """The default adapter only (conftest's ``dev`` adds OpenGL)."""
-    return best
+pytestmark = pytest.mark.devices("best")  # dev: the default adapter only (conftest's default adds OpenGL)
 
 
 def Session(model, dev, **kw):

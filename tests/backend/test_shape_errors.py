@@ -22,13 +22,6 @@ USER_NODE = {"qoperator": "add_45_quant", "qdq": "add_45", "float": "add_45"}
 
 
 @pytest.fixture(scope="module")
-def gpu():
-    from conftest import gpu_adapters
-
-    return gpu_adapters()
-
-
-@pytest.fixture(scope="module")
 def dbnet():
     logging.getLogger().setLevel(logging.ERROR)
     with warnings.catch_warnings():

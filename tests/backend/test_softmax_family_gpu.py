@@ -26,7 +26,9 @@ from onnx import helper, numpy_helper
 
 from onnx_quant.errors import ExecutionError
 
-from test_float_kernels_gpu import assert_same_bits, node_model, ort_run, ref_run, run_node
+from support.models import node_model
+from support.oracles import assert_same_bits, ort_run, ref_run
+from support.run import run_node
 
 F32 = np.float32
 ONNX_RTOL, ONNX_ATOL = 1e-3, 1e-7
@@ -217,7 +219,10 @@ def test_hardmax_signed_zeros_and_infinities(best):
     (np.int8, (4, 3000), -1, 13, {"SEGMENT_LENGTH": 400}),   # 8 segments
 ])
 def test_qlinear_softmax_long_rows_match_onnxruntime(best, dt, shape, axis, opset, tunables):
-    from test_model_kernels_gpu import _ints, np_qlinear_softmax, qsm_model, run_variants
+    from support.arrays import ints as _ints
+    from support.models import qsm_model
+    from support.oracles import np_qlinear_softmax
+    from support.run import run_variants
 
     rng = np.random.default_rng(shape[-1])
     x = _ints(rng, dt, shape)
@@ -236,7 +241,7 @@ def test_qlinear_softmax_long_rows_match_onnxruntime(best, dt, shape, axis, opse
 def test_qlinear_softmax_row_order_matters_at_70000(best):
     """The 70000-wide row's float32 sum in row order differs from a pairwise sum: the bit-exact
     comparison above can fail when the order changes."""
-    from test_model_kernels_gpu import np_softmax_table
+    from support.oracles import np_softmax_table
 
     x = np.random.default_rng(70000).integers(-128, -88, 70000)
     t = np_softmax_table(F32(0.05), 70000)[x - x.max() + 255]

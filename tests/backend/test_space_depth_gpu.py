@@ -6,28 +6,13 @@ modes, every schema version; ONNX's node cases pass with no host fallback. On bo
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 import pytest
 
-from test_float_kernels_gpu import assert_same_bits, data, node_model, ref_run, run_node
-
-TYPES = [np.float32, np.float16, ml_dtypes.bfloat16, np.float64, np.int8, np.int16, np.int32, np.int64,
-         np.uint8, np.uint16, np.uint32, np.uint64, np.bool_]
-
-
-def typed(shape, dtype, seed=0):
-    """Distinct bit patterns in every byte (64-bit values beyond 2^32 included)."""
-    r = np.random.default_rng(seed)
-    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    raw = r.integers(0, 256, size, dtype=np.uint8)
-    if np.dtype(dtype) == np.bool_:
-        raw = raw & 1
-    a = raw.view(dtype).reshape(shape)
-    if np.dtype(dtype).kind == "f" or dtype is ml_dtypes.bfloat16:
-        with np.errstate(invalid="ignore"):
-            a = np.where(np.isnan(a), np.zeros((), dtype), a).astype(dtype)
-    return a
+from support.arrays import TYPES, typed
+from support.models import node_model
+from support.oracles import assert_same_bits, ref_run
+from support.run import run_node
 
 
 def depth_to_space(x, b, mode):
@@ -75,7 +60,7 @@ def test_versions_before_mode_use_dcr(dev, op, opset):
 def test_mode_attribute_declined_where_the_schema_has_none_and_bad_blocks_declined(dev):
     from onnx_quant.backend_wgpu.planner import plan_node
     from onnx_quant.errors import KernelRejected
-    from test_float_kernels_gpu import registry
+    from support.run import registry
 
     def plan(op, opset, x_shape, y_shape, attrs):
         return plan_node(registry().find("", op, opset), shapes={"x": x_shape, "y": y_shape},
@@ -93,6 +78,6 @@ def test_mode_attribute_declined_where_the_schema_has_none_and_bad_blocks_declin
 
 
 def test_node_cases_pass_on_the_gpu(dev):
-    from conftest import assert_node_cases_pass_or_declined
+    from support.gpu import assert_node_cases_pass_or_declined
 
     assert_node_cases_pass_or_declined(dev, ("DepthToSpace", "SpaceToDepth"), {}, at_least=12)  # expansions too

@@ -15,6 +15,7 @@ from onnx_quant.backend_wgpu.spec import (
     KernelSpec, SpecRegistry, load_spec, load_specs, templates_dir, wgsl_type_layout,
 )
 from onnx_quant.errors import SpecError
+from support.specs import load_doc, reject, write_spec
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC_FILE = REPO / "templates" / "dynamic_quantize_linear.kernel.json"
@@ -30,33 +31,6 @@ def _single(doc: dict) -> dict:
 SEED: dict = _single(json.loads(SPEC_FILE.read_text()))
 SEED_TEXT = json.dumps(SEED, indent=1)
 SHADERS = sorted({p["shader"] for v in SEED["variants"] for p in v["passes"]})
-
-
-def write_spec(directory: Path, doc, name: str = "k.kernel.json", *, shaders=SHADERS) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    for s in shaders:
-        (directory / s).write_text("// dummy shader\n")
-    path = directory / name
-    path.write_text(doc if isinstance(doc, str) else json.dumps(doc, indent=1))
-    return path
-
-
-def load_doc(tmp_path: Path, doc) -> KernelSpec:
-    return load_spec(write_spec(tmp_path, doc))
-
-
-def reject(tmp_path: Path, doc, field: str | None = None, reason: str | None = None) -> SpecError:
-    path = write_spec(tmp_path, doc)
-    with pytest.raises(SpecError) as info:
-        load_spec(path)
-    err = info.value
-    assert err.file == str(path)
-    assert err.reason
-    if field is not None:
-        assert err.field == field, f"field {err.field!r}: {err}"
-    if reason is not None:
-        assert reason in err.reason, err.reason
-    return err
 
 
 def seed() -> dict:

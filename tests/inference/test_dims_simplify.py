@@ -17,6 +17,7 @@ from onnx_quant import inference
 from onnx_quant.cli import main
 from onnx_quant.inference import dims
 from onnx_quant.inference.dims import DIM_MAX, Dim
+from support.models import make_model
 
 SYMBOLS = ("N", "H", "W")
 N, H, W = (Dim.symbol(s) for s in SYMBOLS)
@@ -250,9 +251,8 @@ def _i64(name: str, values) -> onnx.TensorProto:
 
 
 def _model(nodes, inits, outputs=("y",), opset=15) -> onnx.ModelProto:
-    graph = helper.make_graph(nodes, "tf2onnx_idiom", [helper.make_tensor_value_info("x", F32, ["N", 8])],
-                              [helper.make_tensor_value_info(o, F32, None) for o in outputs], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return make_model(nodes, [("x", F32, ["N", 8])], [(o, F32, None) for o in outputs], inits, opset,
+                      graph_name="tf2onnx_idiom")
 
 
 def _shapes(model) -> dict[str, str]:

@@ -17,15 +17,14 @@ from onnx_quant.inference.dims import Dim
 from onnx_quant.errors import InferenceError
 from onnx_quant.examples import example_model, example_models
 from onnx_quant.oracles import widen_u8s8
+from support import models
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 FAKE = "test.onnx_quant.engine"  # a domain onnx has no schema for
 
 
 def make_model(nodes, inputs, outputs, initializers=(), opset=21, extra_opsets=(), value_info=()):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers), value_info=list(value_info))
-    opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in extra_opsets]
-    return helper.make_model(graph, opset_imports=opsets)
+    return models.make_model(nodes, inputs, outputs, initializers, opset, extra_opsets=extra_opsets, value_info=value_info)
 
 
 def vi(name, elem_type, shape):

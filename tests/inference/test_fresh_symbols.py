@@ -14,13 +14,9 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_quant import inference
 from onnx_quant.errors import InferenceError
 from onnx_quant.inference import dims
+from support.models import make_model as _model
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
-
-
-def _model(nodes, inputs, outputs, inits=(), opset=17):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def _input_with_dims(*dim_protos) -> onnx.ValueInfoProto:

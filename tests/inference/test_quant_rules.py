@@ -22,6 +22,7 @@ from onnx_quant.inference.context import ShapesContext, TensorInfo
 from onnx_quant.inference.registry import NodeContext
 from onnx_quant.inference.rules import qlinear, quantization
 from onnx_quant import opsets
+from support.models import make_model
 
 SYMBOLS = ("N", "H", "W", "C")
 
@@ -35,10 +36,7 @@ def vinfo(name: str, elem_type: int, shape) -> onnx.ValueInfoProto:
 
 def one_node_model(node: onnx.NodeProto, inputs: list[tuple[str, int, tuple]], opset: int,
                    initializers=()) -> onnx.ModelProto:
-    graph = helper.make_graph([node], "g", [vinfo(*i) for i in inputs],
-                              [onnx.ValueInfoProto(name=o) for o in node.output if o],
-                              initializer=list(initializers))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return make_model(node, [vinfo(*i) for i in inputs], [o for o in node.output if o], initializers, opset)
 
 
 def drive(model: onnx.ModelProto, *, strict: bool = False) -> ShapesContext:

@@ -23,6 +23,7 @@ from onnx_quant.inference.diagnostics import MODEL_NODE
 from onnx_quant.inference.registry import NodeContext
 from onnx_quant.dtypes import ELEMENT_TYPES
 from onnx_quant.errors import InferenceError, QuantError
+from support.models import make_model
 
 F, F16, BF16, U8, I8, I32 = T.FLOAT, T.FLOAT16, T.BFLOAT16, T.UINT8, T.INT8, T.INT32
 Q, DQ = "QuantizeLinear", "DequantizeLinear"
@@ -38,12 +39,7 @@ def model(op, inputs, opset, attrs=None, *, name="n0", initializers=(), outputs=
         tp = numpy_helper.from_array(np.asarray(arr), n)
         tp.data_type = t
         inits.append(tp)
-    if typed_outputs:
-        outs = [helper.make_tensor_value_info(*o) for o in typed_outputs]
-    else:
-        outs = [onnx.ValueInfoProto(name=o) for o in outputs if o]
-    graph = helper.make_graph([node], "g", graph_inputs, outs, initializer=inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return make_model(node, graph_inputs, typed_outputs or [o for o in outputs if o], inits, opset)
 
 
 def qdq(op, x, scale, zp=None, *, opset, **attrs):

@@ -19,6 +19,7 @@ from onnx_quant.inference import dims
 from onnx_quant.inference.context import TensorInfo
 from onnx_quant.inference.dims import Dim
 from onnx_quant.errors import InferenceError
+from support import models
 
 F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 N, H = Dim.symbol("N"), Dim.symbol("H")
@@ -29,9 +30,8 @@ def vi(name, elem_type, shape):
 
 
 def make_model(nodes, inputs, outputs, initializers=(), *, opset=21, functions=(), extra_opsets=()):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
-    opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in extra_opsets]
-    return helper.make_model(graph, opset_imports=opsets, functions=list(functions), ir_version=10)
+    return models.make_model(nodes, inputs, outputs, initializers, opset, extra_opsets=extra_opsets,
+                             functions=functions, ir_version=10)
 
 
 def by_name(graph: onnx.GraphProto) -> dict[str, TensorInfo]:

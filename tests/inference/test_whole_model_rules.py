@@ -23,6 +23,7 @@ from onnx_quant.inference.dims import Dim
 from onnx_quant.inference.registry import NodeContext, lookup
 from onnx_quant.errors import InferenceError
 from onnx_quant.oracles import widen_u8s8
+from support.models import make_model
 
 OPSET = 21
 N, H, W, S = Dim.symbol("N"), Dim.symbol("H"), Dim.symbol("W"), Dim.symbol("S")
@@ -34,12 +35,7 @@ def vi(name: str, elem_type: int = T.FLOAT, shape=None):
 
 
 def model(nodes, inputs, outputs=("y",), inits=(), opset: int = OPSET, ms: bool = False) -> onnx.ModelProto:
-    outs = [o if isinstance(o, onnx.ValueInfoProto) else helper.make_empty_tensor_value_info(o) for o in outputs]
-    g = helper.make_graph(nodes, "g", list(inputs), outs, list(inits))
-    imports = [helper.make_opsetid("", opset)] + ([helper.make_opsetid("com.microsoft", 1)] if ms else [])
-    m = helper.make_model(g, opset_imports=imports)
-    m.ir_version = 10
-    return m
+    return make_model(nodes, inputs, outputs, inits, opset, extra_opsets=["com.microsoft"] if ms else (), ir_version=10)
 
 
 def ints(name: str, values) -> onnx.TensorProto:

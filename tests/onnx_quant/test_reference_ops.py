@@ -21,7 +21,8 @@ from hypothesis import given, strategies as st
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from conftest import onnxruntime_run
+from support import models
+from support.oracles import onnxruntime_run
 from onnx_quant.reference_ops import OPS, reference_evaluator
 from onnx_quant.oracles import avx2_fma_on, cpu_flags
 
@@ -36,16 +37,9 @@ MLAS_AVX2 = avx2_fma_on(cpu_flags())
 def node_model(op, inputs, out_types, *, consts=(), domain=MS, onnx_opset=21, **attrs):
     """A one-node model: ``inputs`` (name, array or None: absent); names in ``consts`` are
     initializers, the others graph inputs (returned as feeds)."""
-    names = [n if v is not None else "" for n, v in inputs]  # trailing "" kept: onnxruntime reads them
-    outs = [f"Y{i}" for i in range(len(out_types))]
-    node = helper.make_node(op, names, outs, domain=domain, **attrs)
-    vis = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
-           for n, v in inputs if v is not None and n not in consts]
-    inits = [numpy_helper.from_array(np.asarray(v), n) for n, v in inputs if v is not None and n in consts]
-    ovis = [helper.make_tensor_value_info(o, helper.np_dtype_to_tensor_dtype(np.dtype(t)), None)
-            for o, t in zip(outs, out_types)]
-    imports = [helper.make_opsetid("", onnx_opset)] + ([helper.make_opsetid(MS, 1)] if domain == MS else [])
-    model = helper.make_model(helper.make_graph([node], "g", vis, ovis, initializer=inits), opset_imports=imports)
+    model = models.node_model(op, inputs, [f"Y{i}" for i in range(len(out_types))], attrs=attrs, domain=domain,
+                              opset=onnx_opset, out_types=out_types,  # absent inputs kept as "": onnxruntime reads them
+                              inits={n: np.asarray(v) for n, v in inputs if v is not None and n in consts})
     return model, {n: v for n, v in inputs if v is not None and n not in consts}
 
 
