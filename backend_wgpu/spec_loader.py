@@ -80,15 +80,6 @@ def _json_type(v: Any) -> str:
     return type(v).__name__
 
 
-def _merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    """``over`` deep-merged onto ``base`` (``extends``): objects key by key, the rest replaced."""
-    out = dict(base)
-    for k, v in over.items():
-        b = out.get(k)
-        out[k] = _merged(b, v) if isinstance(b, dict) and isinstance(v, dict) else v
-    return out
-
-
 def _is_ident(s: Any) -> bool:
     return isinstance(s, str) and s.isidentifier() and not keyword.iskeyword(s)
 
@@ -321,7 +312,7 @@ class _Loader:
         base = self.resolve(base_path, (*chain, path))
         if not isinstance(base, dict):
             raise SpecError(str(base_path), "<top>", f"expected an object, found {_json_type(base)}")
-        return _merged(base, raw)
+        return spec_versions.merged(base, raw)
 
     def spec(self, raw: Any) -> KernelSpec:
         top = self.obj(raw, "", _TOP_KEYS, _TOP_REQUIRED)

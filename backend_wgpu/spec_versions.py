@@ -169,11 +169,13 @@ def _versions_map(raw: Any, op: str, known: list[int], err) -> dict[int, dict]:
     return dict(sorted(out.items()))
 
 
-def _merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+def merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` deep-merged onto ``base`` (``extends``, a ``versions`` entry): objects key by
+    key, the rest replaced."""
     out = dict(base)
     for k, v in over.items():
         b = out.get(k)
-        out[k] = _merged(b, v) if isinstance(b, dict) and isinstance(v, dict) else v
+        out[k] = merged(b, v) if isinstance(b, dict) and isinstance(v, dict) else v
     return out
 
 
@@ -215,7 +217,7 @@ def expand(raw: dict, file: str, resolve: Callable[[dict], Any]) -> list[tuple[s
     for version in versions:
         label = f"{file}[{op}-{version}]"
         keys = [k for k in entries if k <= version]
-        doc = copy.deepcopy(_merged(raw, entries[keys[-1]]) if keys else raw)
+        doc = copy.deepcopy(merged(raw, entries[keys[-1]]) if keys else raw)
         doc = resolve(doc)
         if not isinstance(doc, dict):
             raise err("<top>", "expected an object", label)
