@@ -203,10 +203,15 @@ def _label(node: onnx.NodeProto) -> str:
     return node.name or f"{node.op_type}({node.output[0] if node.output else ''})"
 
 
+def _gemm_facts(node: onnx.NodeProto):
+    """``node``'s INTEGER_GEMMS entry, or None where it is no integer GEMM."""
+    return INTEGER_GEMMS.get((node.domain if node.domain != "ai.onnx" else "", node.op_type))
+
+
 def _u8s8_gemm_nodes(graph: onnx.GraphProto, types: _Types) -> list[onnx.NodeProto]:
     out = []
     for node in graph.node:
-        facts = INTEGER_GEMMS.get((node.domain if node.domain != "ai.onnx" else "", node.op_type))
+        facts = _gemm_facts(node)
         if facts is None:
             continue
         act, weights, _ = facts
@@ -243,9 +248,9 @@ def _qdq_weight_dqs(graph: onnx.GraphProto, types: _Types) -> list[onnx.NodeProt
 UNSATURABLE_WEIGHT = 64
 
 
-def _bounded(graph: onnx.GraphProto, name: str) -> bool:
+def _bounded(inits: Mapping[str, onnx.TensorProto], name: str) -> bool:
     """Whether ``name`` is an initializer whose values all lie within +-UNSATURABLE_WEIGHT."""
-    init = next((t for t in graph.initializer if t.name == name), None)
+    init = inits.get(name)
     if init is None:
         return False
     w = numpy_helper.to_array(init)
@@ -259,14 +264,15 @@ def u8s8_nodes(model: onnx.ModelProto, *, saturable_only: bool = False) -> list[
     of their products can pass int16."""
     graph = model.graph
     types = _Types(graph)
+    inits = {t.name: t for t in graph.initializer} if saturable_only else {}
     found = []
     for n in _u8s8_gemm_nodes(graph, types):
-        _, weights, _ = INTEGER_GEMMS[(n.domain if n.domain != "ai.onnx" else "", n.op_type)]
+        _, weights, _ = _gemm_facts(n)
         sides = [n.input[w] for w, _ in weights if w < len(n.input) and types.of(n.input[w]) == TensorProto.INT8]
-        if not (saturable_only and all(_bounded(graph, s) for s in sides)):
+        if not (saturable_only and all(_bounded(inits, s) for s in sides)):
             found.append(_label(n))
     for n in _qdq_weight_dqs(graph, types):
-        if not (saturable_only and _bounded(graph, n.input[0])):
+        if not (saturable_only and _bounded(inits, n.input[0])):
             found.append(_label(n))
     return found
 
@@ -322,7 +328,7 @@ def widen_u8s8(model: onnx.ModelProto) -> Widened:
         return Widened(out, ())
     w = _Widener(graph)
     for node in gemms:
-        _, weights, _ = INTEGER_GEMMS[(node.domain if node.domain != "ai.onnx" else "", node.op_type)]
+        _, weights, _ = _gemm_facts(node)
         for wi, zi in weights:
             while len(node.input) <= zi:
                 node.input.append("")
