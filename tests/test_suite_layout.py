@@ -7,8 +7,9 @@ runs that module's import-time work and ties the two together. Pure Python: no G
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
+
+from support.imports import imports_in
 
 TESTS = Path(__file__).resolve().parent
 SUPPORT = TESTS / "support"
@@ -18,26 +19,20 @@ def _modules() -> list[Path]:
     return sorted(p for p in TESTS.rglob("*.py") if "__pycache__" not in p.parts)
 
 
-def _imported(tree: ast.AST) -> list[tuple[int, str]]:
-    """(line, top-level module name) of every import, function-local ones included."""
-    out = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out += [(node.lineno, a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            out.append((node.lineno, node.module))
-    return out
+def _imported(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every absolute import of ``path``, function-local ones included."""
+    return [(i.line, i.module) for i in imports_in(path.read_text(), str(path)) if i.level == 0 and i.module]
 
 
 def test_no_module_imports_conftest():
-    bad = [f"{p.relative_to(TESTS)}:{line}: {name}" for p in _modules() for line, name in _imported(ast.parse(p.read_text()))
+    bad = [f"{p.relative_to(TESTS)}:{line}: {name}" for p in _modules() for line, name in _imported(p)
            if name.split(".")[-1] == "conftest" or name.startswith("tests.")]
     assert not bad, "import helpers from tests/support/, not conftest: " + "; ".join(bad)
 
 
 def test_no_test_module_imports_another():
     test_modules = {p.stem for p in _modules() if p.stem.startswith("test_")}
-    bad = [f"{p.relative_to(TESTS)}:{line}: {name}" for p in _modules() for line, name in _imported(ast.parse(p.read_text()))
+    bad = [f"{p.relative_to(TESTS)}:{line}: {name}" for p in _modules() for line, name in _imported(p)
            if name.split(".")[0] in test_modules]
     assert not bad, "move what test modules share into tests/support/: " + "; ".join(bad)
 

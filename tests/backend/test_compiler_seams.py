@@ -6,13 +6,12 @@ modules of the compiler, the passes and the executor hides an import of a siblin
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
 import pytest
 
-PACKAGE = "onnx_quant.backend_wgpu"
-FOLDER = Path(__file__).resolve().parents[2] / "backend_wgpu"
+from support.imports import ROOT, edges, import_graph, imports_in, reachable
+
+FOLDER = ROOT / "backend_wgpu"
+
 #: what holds or drives a live device (wgpu objects, buffers, pipelines, the Session)
 DEVICE_MODULES = frozenset({"device", "device_value", "executor", "pipelines", "render", "profiling", "session",
                             "region", "onnx_backend", "inference_session", "commands"})
@@ -23,45 +22,19 @@ COMPILER_MODULES = ("graph_plan", "placement", "plan", "planner", "passes", "gra
 NO_HIDDEN_IMPORTS = COMPILER_MODULES + ("executor", "session", "region", "control_flow")
 
 
-def _sibling(module: str | None, level: int, names: list[str]) -> set[str]:
-    """The backend_wgpu modules an ``import`` / ``from ... import`` statement names."""
-    if level:  # relative: ``from .spec import x`` / ``from . import spec``
-        return {module.split(".")[0]} if module else set(names)
-    if module is None or not (module == PACKAGE or module.startswith(PACKAGE + ".")):
-        return set()
-    rest = module[len(PACKAGE):].lstrip(".")
-    return {rest.split(".")[0]} if rest else set(names)
+def _siblings(files) -> set[str]:
+    return {f.stem for f in files if f is not None and f.parent == FOLDER}
 
 
 def imports_of(name: str, *, local: bool | None = None) -> set[str]:
     """The sibling modules ``name`` imports: at module level (``local=False``), inside functions
     (``local=True``) or both (None)."""
-    tree = ast.parse((FOLDER / f"{name}.py").read_text())
-    found: set[str] = set()
-    top = {id(n) for n in tree.body}
-    for node in ast.walk(tree):
-        if not isinstance(node, (ast.Import, ast.ImportFrom)):
-            continue
-        if local is not None and (id(node) not in top) != local:
-            continue
-        if isinstance(node, ast.ImportFrom):
-            found |= _sibling(node.module, node.level, [a.name for a in node.names])
-        else:
-            for a in node.names:
-                found |= _sibling(a.name, 0, [])
-    return {m for m in found if (FOLDER / f"{m}.py").exists()}
+    return _siblings(t for t, is_local, _, _ in edges(FOLDER / f"{name}.py") if local is None or is_local == local)
 
 
 def reach(name: str) -> set[str]:
     """Every sibling module ``name`` imports, directly or through others (any import)."""
-    seen: set[str] = set()
-    todo = [name]
-    while todo:
-        for m in imports_of(todo.pop()):
-            if m not in seen:
-                seen.add(m)
-                todo.append(m)
-    return seen
+    return _siblings(reachable(import_graph(), FOLDER / f"{name}.py"))
 
 
 def test_the_compiler_and_the_executor_do_not_import_each_other():
@@ -85,12 +58,7 @@ def test_no_sibling_is_imported_inside_a_function(name):
 
 
 def test_the_reader_understands_every_import_form():
-    tree_module = "from onnx_quant.backend_wgpu.plan import GraphPlan\nfrom onnx_quant.backend_wgpu import placement\n"
-    tree = ast.parse(tree_module + "from .spec import load_specs\nimport onnx_quant.backend_wgpu.verdict\n")
-    found = set()
-    for node in tree.body:
-        if isinstance(node, ast.ImportFrom):
-            found |= _sibling(node.module, node.level, [a.name for a in node.names])
-        else:
-            found |= {m for a in node.names for m in _sibling(a.name, 0, [])}
+    source = ("from onnx_quant.backend_wgpu.plan import GraphPlan\nfrom onnx_quant.backend_wgpu import placement\n"
+              "from .spec import load_specs\nimport onnx_quant.backend_wgpu.verdict\n")
+    found = _siblings(t for t, _, _, _ in edges(FOLDER / "session.py", imports_in(source)))
     assert found == {"plan", "placement", "spec", "verdict"}
