@@ -9,10 +9,9 @@ import json
 import logging
 import warnings
 
-import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto as TP, helper, numpy_helper
+from onnx import TensorProto as TP, helper
 
 from onnx_quant import model_zoo
 from onnx_quant.backend_wgpu.bn_folding import FoldBatchNorm, FoldResult, Folded
@@ -25,6 +24,7 @@ from onnx_quant.backend_wgpu.passes import PassContractError, PassResult, graph_
 from onnx_quant.backend_wgpu.qdq_fusion import FusedUnit, FusionResult, QdqFusion
 from onnx_quant.backend_wgpu.rewrites import rewrite_passes
 from onnx_quant.backend_wgpu.spec import load_specs
+from support.models import conv_bn_model
 
 SPECS = load_specs()
 
@@ -108,25 +108,16 @@ def test_a_pass_that_changes_nothing_hands_back_the_given_model(name):
         _broken(pass_, PassResult(copy, False, result.report))(model, static_values(model))
 
 
-def _conv_bn():
-    rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")]
-    for name, value in (("s", rng.uniform(0.5, 1.5, 4)), ("b", rng.standard_normal(4)),
-                        ("m", rng.standard_normal(4)), ("v", rng.uniform(0.5, 1.5, 4))):
-        inits.append(numpy_helper.from_array(value.astype(np.float32), name))
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-             helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["y"], name="bn")]
-    return _model(nodes, [_vi("x", shape=(1, 3, 6, 6))], [_vi("y", shape=None)], inits)
 
 
 def test_batch_norm_folding_ensures_a_conv_makes_each_folded_output():
-    model = _conv_bn()
+    model = conv_bn_model()
     result = FoldBatchNorm()(model, static_values(model))
     assert result.modified and [n.op_type for n in result.model.graph.node] == ["Conv"]
     # a report claiming a pair the model does not show folded
     report = FoldResult(model, [Folded("c", "y")])
     with pytest.raises(PassContractError, match="pass fold_batch_norm: ensures.*'y' is not made by a Conv"):
-        _broken(FoldBatchNorm(), PassResult(_conv_bn(), True, report))(model, static_values(model))
+        _broken(FoldBatchNorm(), PassResult(conv_bn_model(), True, report))(model, static_values(model))
 
 
 def test_the_fusions_ensure_each_fused_node_replaced_its_unit():
@@ -202,11 +193,11 @@ def test_the_split_types_what_the_region_makes_as_the_model_as_written():
 
 
 def test_the_graph_index_is_what_the_fusions_share():
-    model = _conv_bn()
+    model = conv_bn_model()
     G = GraphIndex(model)
     assert G.producer["c"] == 0 and G.edges["c"] == [(1, 0)] and G.readers("c") == 1
     assert set(G.initializers) == {"w", "s", "b", "m", "v"} and G.outputs == {"y"} and G.opset == 17
     assert G.constant("w").shape == (4, 3, 3, 3) and G.constant("x") is None
-    fed = _conv_bn()
+    fed = conv_bn_model()
     fed.graph.input.append(_vi("w", shape=(4, 3, 3, 3)))   # an initializer a feed overrides is no constant
     assert "w" not in GraphIndex(fed).initializers and GraphIndex(fed).constant("w") is None

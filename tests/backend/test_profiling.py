@@ -124,8 +124,9 @@ def test_host_fallback_nodes_are_host_timed():
     assert [e["tid"] for e in s.profiler.trace() if e["name"] == "shrink"] == [1]
 
 
-def test_table_aggregates_runs():
-    """The table's arithmetic, without a device."""
+def _deviceless_profiler(clock: str | None = None) -> Profiler:
+    """A Profiler (``clock`` as given) over a stand-in device without timestamp queries: its
+    table's arithmetic only."""
     class _Info:
         features = frozenset()
         name = "none"
@@ -133,7 +134,12 @@ def test_table_aggregates_runs():
     class _Dev:
         info = _Info()
 
-    prof = Profiler(_Dev())
+    return Profiler(_Dev(), clock)
+
+
+def test_table_aggregates_runs():
+    """The table's arithmetic, without a device."""
+    prof = _deviceless_profiler()
     assert prof.clock == "host-wall"
     prof.events = [NodeEvent(0, "a", "Conv", "Conv", "v", "device", 0, 30, [("a/p1", 0, 10), ("a/p2", 10, 20)]),
                    NodeEvent(1, "a", "Conv", "Conv", "v", "device", 50, 10, [("a/p1", 50, 4), ("a/p2", 54, 6)]),
@@ -143,9 +149,9 @@ def test_table_aggregates_runs():
     assert rows[1]["mean_us"] == 20 and rows[1]["calls"] == 2 and rows[1]["pass_us"] == {"p1": 7, "p2": 13}
     assert rows[0]["share"] == 0.6
     with pytest.raises(ExecutionError, match="has no timestamp-query"):
-        Profiler(_Dev(), "device")
+        _deviceless_profiler("device")
     with pytest.raises(ExecutionError, match="expected 'device' or 'host-wall'"):
-        Profiler(_Dev(), "cpu")
+        _deviceless_profiler("cpu")
 
 
 @pytest.mark.gpu
@@ -225,14 +231,7 @@ def test_format_table_bounds_its_width_and_counts_what_top_leaves_out():
     the nodes; no device needed."""
     from onnx_quant.backend_wgpu.profiling import NAME_WIDTH, clip
 
-    class _Info:
-        features = frozenset()
-        name = "none"
-
-    class _Dev:
-        info = _Info()
-
-    prof = Profiler(_Dev())
+    prof = _deviceless_profiler()
     long = "+".join(f"/model/layer{i}/Relu" for i in range(40))
     prof.events = [NodeEvent(0, long, "ai.onnx_quant::FusedElementwise", "FusedElementwise", "inputs_1", "device", 0, 60),
                    NodeEvent(0, "b", "Conv", "Conv", "direct", "device", 60, 30),

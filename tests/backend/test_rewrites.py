@@ -7,16 +7,16 @@ from __future__ import annotations
 import logging
 import warnings
 
-import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto as TP, helper, numpy_helper
+from onnx import TensorProto as TP, helper
 
 from onnx_quant import model_zoo
 from onnx_quant.backend_wgpu.model_check import static_values
 from onnx_quant.backend_wgpu.rewrites import RewriteOptions, rewrite_model
 from onnx_quant.backend_wgpu.verdict import spec_rejects
 from onnx_quant.backend_wgpu.session import _specs
+
+from support.models import conv_bn_model
 
 OFF = RewriteOptions(fold_batch_norm=False, fuse_qdq=False, fuse_dynamic=False, fuse_elementwise=False)
 
@@ -78,22 +78,10 @@ def test_the_dynamic_units_run_before_the_elementwise_groups(fuse_dynamic):
     assert {u.node.output[0] for u in units} == set(out.fused_units)
 
 
-def _conv_bn_relu():
-    rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")]
-    for name, value in (("s", rng.uniform(0.5, 1.5, 4)), ("b", rng.standard_normal(4)),
-                        ("m", rng.standard_normal(4)), ("v", rng.uniform(0.5, 1.5, 4))):
-        inits.append(numpy_helper.from_array(value.astype(np.float32), name))
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-             helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"], name="bn"),
-             helper.make_node("Relu", ["n"], ["y"], name="relu")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, [1, 3, 6, 6])],
-                              [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
 
 def test_batch_norm_folds_first_and_the_relu_becomes_the_conv_epilogue():
-    model = _conv_bn_relu()
+    model = conv_bn_model(relu=True)
     out = _rewrite(model)
     assert len(out.folded_batch_norms) == 1
     assert _ops(out.model) == ["FusedConv"]  # the folded Conv with the Relu as its epilogue

@@ -181,3 +181,21 @@ def float_conv_model(relu, image=(6, 7), **attrs):
     if relu:
         nodes.append(helper.make_node("Relu", ["c"], ["y"]))
     return _conv_model(nodes, [vi("x", TensorProto.FLOAT, ["N", 3, *image])], [vi("y", TensorProto.FLOAT, None)], inits)
+
+
+def conv_bn_model(*, relu: bool = False) -> onnx.ModelProto:
+    """Conv (4 filters 3 x 3, pads 1) -> BatchNormalization [-> Relu] over x [1, 3, 6, 6], random
+    weights and statistics (seed 0), opset 17: the pair the BatchNormalization folding takes."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")]
+    for name, value in (("s", rng.uniform(0.5, 1.5, 4)), ("b", rng.standard_normal(4)),
+                        ("m", rng.standard_normal(4)), ("v", rng.uniform(0.5, 1.5, 4))):
+        inits.append(numpy_helper.from_array(value.astype(np.float32), name))
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["n" if relu else "y"], name="bn")]
+    if relu:
+        nodes.append(helper.make_node("Relu", ["n"], ["y"], name="relu"))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
