@@ -22,6 +22,8 @@ from hypothesis import HealthCheck, settings
 
 # lavapipe's GL probe complains without a private runtime dir
 os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="onnx-quant-xdg-"))
+# on-disk caches (plans, tuning) of a test run start empty and never touch the user's
+os.environ["ONNX_QUANT_CACHE_DIR"] = tempfile.mkdtemp(prefix="onnx-quant-cache-")
 
 settings.register_profile(
     "ci", max_examples=40, deadline=None, derandomize=True,
