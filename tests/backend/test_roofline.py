@@ -22,6 +22,7 @@ def test_short_mode_runs_and_its_figures_are_consistent(best):
     result = roofline.run(short=True, only=ONLY, with_ort=False, device=best)
     roof = result["roofline"]
     assert roof["copy_bytes_per_s"] > 0 and roof["f32_flops_per_s"] > 0 and roof["int8_ops_per_s"] > 0
+    assert roof["dispatch_floor_s"] > 0 and roof["copy_bytes_per_s"] == max(roof["copy_by_size"].values())
     assert roof["int8_form"] in roofline.DOT_FORMS
     assert roof["int8_forms"]["emulated"]["int_ops_per_s"] > 0  # the emulated form always compiles
     assert roof["int8_ops_per_s"] == max(d["int_ops_per_s"] for d in roof["int8_forms"].values() if "int_ops_per_s" in d)
@@ -34,6 +35,8 @@ def test_short_mode_runs_and_its_figures_are_consistent(best):
             r["kernel"], roof["copy_bytes_per_s"])
         assert r["fraction"] == pytest.approx(r["rate"] / peak)
         assert r["bound"] == (roofline.GEMM if r["kernel"] in ("Conv", "QLinearMatMul") else roofline.MEMORY)
+        assert 0 < r["attainable"] <= peak * (1 + 1e-9)  # the model never allows more than the roofline
+        assert r["fraction_of_attainable"] == pytest.approx(r["rate"] / r["attainable"])
     text = roofline.markdown(result)
     assert all(r["case"] in text for r in rows) and "copy bandwidth" in text
     json.dumps(result)  # --json writes it
