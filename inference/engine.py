@@ -516,8 +516,9 @@ class Pass:
         if conflict:
             kind = "graph output" if is_output else "value_info"
             err = n.error("output-type" if is_output else "value-info",
-                          f"{kind} {name!r}: declared type contradicts the inferred one ({conflict})",
-                          expected=info_text(inferred), found=info_text(declared))
+                          f"{kind} {name!r}: the declared type contradicts what the graph computes "
+                          f"(the {conflict} differs)",
+                          expected=f"{info_text(inferred)} (inferred)", found=f"{info_text(declared)} (declared)")
             self.raise_or_record(err)
             # the model's declared output type is its contract; a value_info is only a note
             keep = is_output and self.declared_outputs_win

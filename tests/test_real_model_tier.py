@@ -202,11 +202,24 @@ def test_symbolic_inference_agrees_with_onnx_and_onnxruntime(models, case):
           f"{ort_compared if ort_model is not None else 'none (it fails)'} with onnxruntime's symbolic pass")
 
 
-def test_ddddocr_declared_output_contradicts_what_it_computes(models):
-    """The exporter declared [1, seqlen]; the model makes [seqlen, 1, 8210]: check says so."""
-    result = inference.infer(models["ddddocr_ocr-float"], input_shapes=rm.MODELS["ddddocr_ocr"].shapes)
-    assert [e.rule for e in result.errors] == ["output-type"]
-    assert "float32[16, 1, 8210]" in str(result.errors[0]) or "8210" in str(result.errors[0])
+def test_ddddocr_declared_output_contradicts_what_it_computes(models, tmp_path, capsys):
+    """The exporter declared [1, seqlen]; at width 200 the model makes [25, 1, 8210]: the pass
+    says so, naming the output with both types; ``check`` prints it, ``infer`` warns, and
+    ``infer --runtime`` writes what the graph computes."""
+    from onnx_quant.cli import main
+
+    result = inference.infer(models["ddddocr_ocr-float"], input_shapes={"input1": (1, 1, 64, 200)})
+    assert [str(e) for e in result.errors] == [
+        "output-type: node 'Reshape_101' (Reshape): graph output '387': the declared type contradicts what the "
+        "graph computes (the rank differs): expected float32[25, 1, 8210] (inferred), found float32[1, seqlen] (declared)"]
+    path = str(rm.path_of("ddddocr_ocr"))
+    assert main(["check", path]) == 1
+    symbolic = "float32[floor((image_width + 7) / 8), 1, 8210]"
+    assert "graph output '387'" in capsys.readouterr().out
+    assert main(["infer", path, "--runtime", "-o", str(tmp_path / "typed.onnx")]) == 0
+    assert f"expected {symbolic} (inferred), found float32[1, seqlen] (declared)" in capsys.readouterr().err
+    written = onnx.load(str(tmp_path / "typed.onnx"), load_external_data=False)
+    assert TensorInfo.from_type_proto(written.graph.output[0].type).shape_text() == symbolic.removeprefix("float32")
 
 
 # ------------------------------------------------------------------ GPU
