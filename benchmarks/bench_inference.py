@@ -4,6 +4,7 @@ symbolic shape inference, on quantized models of about 1k to 8k nodes.
     python benchmarks/bench_inference.py [--sizes 1000,2000,4000,8000] [--repeat 5]
                                          [--models cnn-qdq,mlp-dynamic,...] [--json]
     python benchmarks/bench_inference.py --exported [--order rounds]   # real architectures
+    python benchmarks/bench_inference.py --exported --real --data-prop  # and the real-model tier
 
 Models come from ``onnx_quant.model_zoo``: float models with a symbolic batch (and H, W for
 the CNN) quantized by ``onnxruntime.quantization`` with three blocks, then stamped out to
@@ -50,6 +51,7 @@ import onnxruntime
 
 from onnx_quant import exported_models, inference
 from onnx_quant import model_zoo
+from onnx_quant import real_models
 
 #: name -> (family, format, per_channel, builder arguments): realistic widths, small enough
 #: that the 8k-node models stay a few tens of MB
@@ -61,6 +63,9 @@ MODELS = {
 }
 #: real-architecture models (``onnx_quant.exported_models``), each at its own size: exported:<model>-<form>
 EXPORTED = [f"exported:{name}-{form}" for name in exported_models.MODELS for form in exported_models.FORMS]
+#: the real-model tier (``onnx_quant.real_models``: models shipped in pinned wheels, as shipped and
+#: quantized), value_info stripped: real:<model>-<form>
+REAL = [f"real:{name}-{form}" for name, form in real_models.CASES]
 
 
 def build(name: str, nodes: int) -> onnx.ModelProto:
@@ -68,6 +73,10 @@ def build(name: str, nodes: int) -> onnx.ModelProto:
     if name in MODELS:
         family, fmt, per_channel, kw = MODELS[name]
         return model_zoo.sized(family, fmt, nodes, per_channel=per_channel, **kw)
+    if name.startswith("real:"):
+        model = real_models.load(*name.removeprefix("real:").rsplit("-", 1))
+        del model.graph.value_info[:]
+        return model
     model, form = name.removeprefix("exported:").rsplit("-", 1)
     return exported_models.build(model, form)
 
@@ -76,8 +85,12 @@ def ours(model: onnx.ModelProto) -> onnx.ModelProto:
     return inference.infer_shapes(model)
 
 
+#: whether onnx's pass runs with data propagation (``--data-prop``: the anchor of issue 24's figures)
+DATA_PROP = False
+
+
 def onnx_cpp(model: onnx.ModelProto) -> onnx.ModelProto:
-    return onnx.shape_inference.infer_shapes(model)
+    return onnx.shape_inference.infer_shapes(model, data_prop=DATA_PROP)
 
 
 def ort_symbolic(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -234,6 +247,15 @@ def growth(rows: list[dict]) -> list[str]:
     return out
 
 
+def ratio_summary(rows: list[dict]) -> list[str]:
+    """ours/onnx over the rows: median and worst (issue 24's goal: median <= 1.5, none above 3)."""
+    ratios = sorted((r["ours_s"] / r["onnx_s"], r["model"]) for r in rows if r["ours_s"] and r["onnx_s"])
+    if not ratios:
+        return []
+    return [f"ours/onnx over {len(ratios)} models: median {statistics.median(x for x, _ in ratios):.2f}, "
+            f"worst {ratios[-1][0]:.2f} ({ratios[-1][1]}), {sum(x > 3 for x, _ in ratios)} above 3"]
+
+
 def machine() -> str:
     return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
             f"onnx {onnx.__version__}, onnxruntime {onnxruntime.__version__}")
@@ -260,6 +282,8 @@ def main(argv=None) -> int:
                    help=f"comma-separated, of {', '.join(MODELS)} and the exported models exported:<model>-<form> "
                         f"({', '.join(exported_models.MODELS)}; {', '.join(exported_models.FORMS)})")
     p.add_argument("--exported", action="store_true", help="every exported model instead of --models (--sizes unused)")
+    p.add_argument("--real", action="store_true", help="every model of the real-model tier (with --exported: both)")
+    p.add_argument("--data-prop", action="store_true", help="onnx's pass with data_prop=True")
     p.add_argument("--repeat", type=int, default=5, help="runs of ours and onnx's per model (median)")
     p.add_argument("--ort-repeat", type=int, default=3, help="runs of onnxruntime's per model (median)")
     p.add_argument("--clock", choices=sorted(CLOCKS), default="cpu", help="process CPU time (default) or wall time")
@@ -268,14 +292,16 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="also plot time per node count (needs the bench extra)")
     args = p.parse_args(argv)
-    global clock
+    global clock, DATA_PROP
     clock = CLOCKS[args.clock]
+    DATA_PROP = args.data_prop
     logging.getLogger().setLevel(logging.ERROR)  # the quantizer suggests pre-processing, per model
     logging.getLogger("onnxruntime").setLevel(logging.CRITICAL)
     try:
         sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
-        names = EXPORTED if args.exported else [m.strip() for m in args.models.split(",") if m.strip()]
-        unknown = [m for m in names if m not in MODELS and m not in EXPORTED]
+        names = EXPORTED if args.exported else [] if args.real else [m.strip() for m in args.models.split(",") if m.strip()]
+        names += REAL if args.real else []
+        unknown = [m for m in names if m not in MODELS and m not in EXPORTED and m not in REAL]
         if unknown or not sizes or any(s <= 0 for s in sizes):
             raise ValueError(f"unknown model {unknown[0]!r}" if unknown else "sizes must be positive ints")
     except ValueError as e:
@@ -296,7 +322,7 @@ def main(argv=None) -> int:
                           "rows": rows}, indent=1))
         return 0
     print(f"date {datetime.date.today().isoformat()}; {machine()}; clock: {args.clock}; order: {args.order}")
-    for line in table(rows) + [""] + growth(rows):
+    for line in table(rows) + [""] + growth(rows) + ratio_summary(rows):
         print(line)
     return 0
 

@@ -46,6 +46,7 @@ from .api import (
     SOURCE_CONSTANT, SOURCE_DECLARED, SOURCE_FAILED, SOURCE_FUNCTION, SOURCE_RULE, SOURCE_UNKNOWN, TYPED_SOURCES,
     InferenceResult, NodeRecord, describe,
 )
+from .case_split import split_cases
 from .context import TensorInfo, info_text, merge_info
 from .diagnostics import MODEL_NODE, Diagnostic, one_line
 from .dispatch import (
@@ -187,9 +188,13 @@ class Pass:
     ``inference.protocol.InferencePass``."""
 
     def __init__(self, model: onnx.ModelProto, *, strict: bool, label: str = "<model>",
-                 declared_outputs_win: bool = True, runtime: bool = False) -> None:
+                 declared_outputs_win: bool = True, runtime: bool = False, forced: dict | None = None) -> None:
         self.model = model
         self.strict = strict
+        self.runtime = runtime
+        #: If nodes whose branch this run fixes, and those met whose branches differ in rank
+        self.forced = forced or {}
+        self.splits: list[tuple] = []
         self.label = label
         #: on a conflict, keep a graph output's declared type (the model's contract, for typing)
         #: or what the model computes (what a runtime must allocate, as onnxruntime does)
@@ -225,6 +230,9 @@ class Pass:
             seed_input_values(g, input_values)
         self.walk(g)
         self._check_outputs_defined(g)
+        if self.splits and not self.forced:
+            split_cases(g, self.result.subgraphs, self.splits,
+                        lambda forced: self._forced_run(forced, input_shapes, input_values))
         self.owner.log = NoLog()  # values read after the pass need no bookkeeping
         result, self.result = self.result, None  # the result refers to the pass's types, not the other way
         return result
@@ -324,6 +332,16 @@ class Pass:
                 produced.extend(outputs)
             if record is not None:
                 record(entry)  # a hit: the entry says how (see InferenceResult.nodes)
+
+    def _forced_run(self, forced: dict, input_shapes, input_values) -> tuple:
+        """A lenient run with the branches of ``forced`` fixed: (its result, the splits it met)."""
+        other = Pass(self.model, strict=False, label=self.label, declared_outputs_win=self.declared_outputs_win,
+                     runtime=self.runtime, forced=forced)
+        return other.run(input_shapes, input_values), list(other.splits)
+
+    def note_rank_split(self, key: tuple) -> None:
+        if key not in self.splits:
+            self.splits.append(key)
 
     def raise_or_record(self, err: InferenceError) -> None:
         if self.strict:
@@ -547,7 +565,7 @@ class Pass:
         scope = Scope(parent.scope.opsets, strict, self.diagnostics, parent.scope)
         where = f"{parent.where}/{label}/{attr}" if parent.where else f"{label}/{attr}"
         g = Graph(proto, scope, parent.dispatch, prefix=f"{parent.prefix}{label}/{attr}/", where=where)
-        mark = len(self.diagnostics)
+        mark, split_mark = len(self.diagnostics), len(self.splits)
         saved, self.strict = self.strict, strict
         self.owner.strict = strict
         try:
@@ -555,8 +573,9 @@ class Pass:
             self.walk(g)
         finally:
             self.strict = self.owner.strict = saved
-            if quiet:
+            if quiet:  # a branch that never runs: neither its problems nor its Ifs are the model's
                 del self.diagnostics[mark:]
+                del self.splits[split_mark:]
         if step is not None:  # a later attempt (Loop state types widened) replaces an earlier one
             parent.children[step] = g
             self.result.subgraphs[(parent.where, step)] = g
