@@ -46,7 +46,7 @@ from .api import (
     SOURCE_CONSTANT, SOURCE_DECLARED, SOURCE_FAILED, SOURCE_FUNCTION, SOURCE_RULE, SOURCE_UNKNOWN, TYPED_SOURCES,
     InferenceResult, NodeRecord, describe,
 )
-from .case_split import split_cases
+from .case_split import main_partial, split_cases
 from .context import TensorInfo, info_text, merge_info
 from .diagnostics import MODEL_NODE, Diagnostic, one_line
 from .dispatch import (
@@ -188,7 +188,8 @@ class Pass:
     ``inference.protocol.InferencePass``."""
 
     def __init__(self, model: onnx.ModelProto, *, strict: bool, label: str = "<model>",
-                 declared_outputs_win: bool = True, runtime: bool = False, forced: dict | None = None) -> None:
+                 declared_outputs_win: bool = True, runtime: bool = False, forced: dict | None = None,
+                 shared: "Pass | None" = None) -> None:
         self.model = model
         self.strict = strict
         self.runtime = runtime
@@ -208,14 +209,22 @@ class Pass:
         self.diagnostics: list = []
         # what constants and scopes report to: no reference back to the pass, so that dropping
         # the result frees everything at once (no cycles left for the garbage collector)
-        self.owner = Bookkeeping(strict, self.diagnostics)
+        # a case of case_split shares the first run's bookkeeping, memo and tables (every memo
+        # entry is a function of what it is keyed on, whichever run made it); _forced_run points
+        # the bookkeeping at this run's diagnostics while it runs
+        self.owner = Bookkeeping(strict, self.diagnostics) if shared is None else shared.owner
         scope = Scope(opsets, strict, self.diagnostics, owner=self.owner)
         scope.runtime = runtime
         self.ctx = scope
-        self.keys = keys = Keys()
-        self.fallback = Fallback(model, keys, self.owner)  # it reports through the bookkeeping: no cycle
-        self._dispatch_tables: dict[tuple, dict] = {}
-        self.functions = Functions(model)
+        if shared is None:
+            self.keys = keys = Keys()
+            self.fallback = Fallback(model, keys, self.owner)  # it reports through the bookkeeping: no cycle
+            self._dispatch_tables: dict[tuple, dict] = {}
+            self.functions = Functions(model)
+        else:
+            self.keys = keys = shared.keys
+            self.fallback = shared.fallback
+            self._dispatch_tables, self.functions = shared._dispatch_tables, shared.functions
         self.main = top = Graph(model.graph, scope, self.dispatch_table(opsets), top=True)
         self.result = InferenceResult(scope, typed_by=top.typed_by, other_types=scope.other, records=top.records,
                                       main=top, types=keys)
@@ -230,7 +239,7 @@ class Pass:
             seed_input_values(g, input_values)
         self.walk(g)
         self._check_outputs_defined(g)
-        if self.splits and not self.forced:
+        if self.splits and not self.forced and main_partial(g):
             split_cases(g, self.result.subgraphs, self.splits,
                         lambda forced: self._forced_run(forced, input_shapes, input_values))
         self.owner.log = NoLog()  # values read after the pass need no bookkeeping
@@ -336,8 +345,14 @@ class Pass:
     def _forced_run(self, forced: dict, input_shapes, input_values) -> tuple:
         """A lenient run with the branches of ``forced`` fixed: (its result, the splits it met)."""
         other = Pass(self.model, strict=False, label=self.label, declared_outputs_win=self.declared_outputs_win,
-                     runtime=self.runtime, forced=forced)
-        return other.run(input_shapes, input_values), list(other.splits)
+                     runtime=self.runtime, forced=forced, shared=self)
+        owner = self.owner
+        saved = owner.strict, owner.diagnostics, owner.log
+        owner.strict, owner.diagnostics, owner.log = False, other.diagnostics, []
+        try:
+            return other.run(input_shapes, input_values), list(other.splits)
+        finally:
+            owner.strict, owner.diagnostics, owner.log = saved
 
     def note_rank_split(self, key: tuple) -> None:
         if key not in self.splits:
