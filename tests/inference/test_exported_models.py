@@ -1,6 +1,6 @@
 """Whole-model inference on the real-architecture models of ``onnx_quant.exported_models``
-(YOLO head, paddle2onnx MobileNetV3, torch transformer, CRNN with a bidirectional LSTM, an
-If/Loop state model), float and quantized by onnxruntime (QOperator, QDQ, dynamic):
+(YOLO head, an anchor-free YOLO head with float anchor grids, paddle2onnx MobileNetV3, torch
+transformer, CRNN with a bidirectional LSTM, an If/Loop state model), float and quantized by onnxruntime (QOperator, QDQ, dynamic):
 
 - every value of the main graph and of every If/Loop body gets an element type and a full
   shape (ints or symbols), and the model checks clean in strict mode;
