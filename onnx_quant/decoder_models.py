@@ -152,6 +152,15 @@ class _Graph:
         self.inits.append(t)
         return name
 
+    def act(self, x: str) -> str:
+        """An activation as the QDQ form feeds it to an op: ``quantize_static`` puts a
+        QuantizeLinear / DequantizeLinear pair (uint8) on every float input of the ops it
+        quantizes (Add, Mul, Softmax, MatMul ...); the other forms leave it as it is."""
+        if self.form != "qdq":
+            return x
+        s, z = self.init("act_scale", np.float32(0.05)), self.init("act_zero_point", np.uint8(128))
+        return self.node("DequantizeLinear", [self.node("QuantizeLinear", [x, s, z]), s, z])
+
     # ---------------------------------------------------------------- projections
     def linear(self, x: str, k: int, n: int, what: str) -> str:
         """``x @ W`` (``W`` ``[k, n]``) in the graph's weight form."""
@@ -160,9 +169,7 @@ class _Graph:
             if self.form == "float":
                 return self.node("MatMul", [x, self.weight("weight", (k, n))])
             if self.form == "qdq":
-                xs, xz = self.init("x_scale", np.float32(0.05)), self.init("x_zero_point", np.uint8(128))
-                xq = self.node("QuantizeLinear", [x, xs, xz])
-                xd = self.node("DequantizeLinear", [xq, xs, xz])
+                xd = self.act(x)
                 w = self.weight("weight_quantized", (k, n), np.int8)
                 ws = self.init("weight_scale", self.rng.uniform(0.001, 0.003, n).astype(np.float32))
                 wz = self.init("weight_zero_point", np.zeros(n, np.int8))
@@ -248,7 +255,7 @@ def _exporter_attention(g: _Graph, cfg: DecoderConfig, h: str, i: int, cos: str,
         x1 = g.node("Slice", [x, g.ints(0), g.ints(hd // 2), g.ints(-1), g.ints(1)])
         x2 = g.node("Slice", [x, g.ints(hd // 2), g.ints(2**63 - 1), g.ints(-1), g.ints(1)])
         turned = g.node("Concat", [g.node("Neg", [x2]), x1], axis=-1)
-        return g.node("Add", [g.node("Mul", [x, cos]), g.node("Mul", [turned, sin])])
+        return g.node("Add", [g.act(g.node("Mul", [g.act(x), cos])), g.act(g.node("Mul", [g.act(turned), sin]))])
 
     q = rotate(heads_first(g.linear(h, cfg.hidden, heads * hd, "q_proj"), heads))
     k = rotate(heads_first(g.linear(h, cfg.hidden, kv * hd, "k_proj"), kv))
@@ -261,9 +268,9 @@ def _exporter_attention(g: _Graph, cfg: DecoderConfig, h: str, i: int, cos: str,
         grown, merged = g.shape_of(b, kv, heads // kv, t, hd), g.shape_of(b, heads, t, hd)
         keys = g.node("Reshape", [g.node("Expand", [g.unsqueeze(present_k, 2), grown]), merged])
         values = g.node("Reshape", [g.node("Expand", [g.unsqueeze(present_v, 2), grown]), merged])
-    scores = g.node("MatMul", [q, g.node("Transpose", [keys], perm=[0, 1, 3, 2])])
-    scores = g.node("Add", [g.node("Mul", [scores, g.constant(np.float32(hd ** -0.5))]), bias])
-    context = g.node("MatMul", [g.node("Softmax", [scores], axis=-1), values])
+    scores = g.node("MatMul", [g.act(q), g.act(g.node("Transpose", [keys], perm=[0, 1, 3, 2]))])
+    scores = g.node("Add", [g.act(g.node("Mul", [g.act(scores), g.constant(np.float32(hd ** -0.5))])), bias])
+    context = g.node("MatMul", [g.act(g.node("Softmax", [g.act(scores)], axis=-1)), g.act(values)])
     context = g.node("Reshape", [g.node("Transpose", [context], perm=[0, 2, 1, 3]),
                                  g.shape_of(batch, seq, cfg.hidden)])
     return g.linear(context, heads * hd, cfg.hidden, "o_proj"), present_k, present_v
@@ -272,8 +279,8 @@ def _exporter_attention(g: _Graph, cfg: DecoderConfig, h: str, i: int, cos: str,
 def _mlp(g: _Graph, cfg: DecoderConfig, h: str) -> str:
     gate = g.linear(h, cfg.hidden, cfg.intermediate, "gate_proj")
     up = g.linear(h, cfg.hidden, cfg.intermediate, "up_proj")
-    act = g.node("Mul", [gate, g.node("Sigmoid", [gate])])
-    return g.linear(g.node("Mul", [act, up]), cfg.intermediate, cfg.hidden, "down_proj")
+    act = g.node("Mul", [g.act(gate), g.act(g.node("Sigmoid", [g.act(gate)]))])
+    return g.linear(g.node("Mul", [g.act(act), g.act(up)]), cfg.intermediate, cfg.hidden, "down_proj")
 
 
 def _exporter_layers(g: _Graph, cfg: DecoderConfig, ids: str, pos: str, mask: str, pasts) -> tuple[str, list]:
@@ -292,13 +299,13 @@ def _exporter_layers(g: _Graph, cfg: DecoderConfig, ids: str, pos: str, mask: st
         attn, pk, pv = _exporter_attention(g, cfg, h, i, cos, sin, bias, *pasts[i])
         presents += [pk, pv]
         g.scope = f"/model/layers.{i}"
-        x = g.node("Add", [x, attn])
+        x = g.node("Add", [g.act(x), g.act(attn)])
         g.scope = f"/model/layers.{i}/post_attention_layernorm"
         h = g.rms_norm(x, cfg.hidden)
         g.scope = f"/model/layers.{i}/mlp"
         m = _mlp(g, cfg, h)
         g.scope = f"/model/layers.{i}"
-        x = g.node("Add", [x, m])
+        x = g.node("Add", [g.act(x), g.act(m)])
     g.scope = "/model/norm"
     return g.rms_norm(x, cfg.hidden), presents
 
