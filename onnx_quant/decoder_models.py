@@ -59,6 +59,8 @@ PAST_PLUS_SEQ = f"{PAST} + {SEQ}"
 STYLES = ("exporter", "gqa", "mha")
 FORMS = ("float", "qdq", "nbits", "dynamic")
 NBITS_BLOCK = 32
+#: bytes from which a tensor goes to the external file (onnx.save's default size_threshold)
+EXTERNAL_THRESHOLD = 1024
 #: float32's lowest, what torch writes for a masked position
 MASK_MIN = float(np.finfo(np.float32).min)
 
@@ -125,23 +127,33 @@ class _Graph:
     def ints(self, *values: int) -> str:
         return self.constant(np.array(values, np.int64))
 
-    def init(self, base: str, array: np.ndarray) -> str:
+    def init(self, base: str, array) -> str:
+        """A small tensor (scales, zero points, caches): inline, or external from 1 KiB on as
+        ``onnx.save`` puts it with its default threshold."""
+        array = np.ascontiguousarray(array)
+        if self.external is not None and array.nbytes >= EXTERNAL_THRESHOLD:
+            return self.reference(self.name(base), array.shape, array.dtype)
         name = self.name(base)
-        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        self.inits.append(numpy_helper.from_array(array, name))
         return name
 
     def weight(self, base: str, shape, dtype=np.float32, low: float = -0.1, high: float = 0.1) -> str:
         """A weight: random data, or a reference into the external file (no data made)."""
         name = self.name(base)
         np_dtype = np.dtype(dtype)
-        if self.external is None:
-            if np_dtype.kind == "f":
-                data = self.rng.uniform(low, high, shape).astype(np_dtype)
-            else:
-                info = np.iinfo(np_dtype)
-                data = self.rng.integers(max(info.min, -64), min(info.max, 64) + 1, shape, dtype=np_dtype)
-            self.inits.append(numpy_helper.from_array(data, name))
-            return name
+        if self.external is not None:
+            return self.reference(name, shape, np_dtype)
+        if np_dtype.kind == "f":
+            data = self.rng.uniform(low, high, shape).astype(np_dtype)
+        else:
+            info = np.iinfo(np_dtype)
+            data = self.rng.integers(max(info.min, -64), min(info.max, 64) + 1, shape, dtype=np_dtype)
+        self.inits.append(numpy_helper.from_array(data, name))
+        return name
+
+    def reference(self, name: str, shape, np_dtype) -> str:
+        """An initializer whose data is at the next offset of the external file, never written."""
+        np_dtype = np.dtype(np_dtype)
         t = onnx.TensorProto(name=name, dims=list(shape), data_type=helper.np_dtype_to_tensor_dtype(np_dtype))
         length = int(np.prod(shape)) * np_dtype.itemsize
         t.data_location = onnx.TensorProto.EXTERNAL
@@ -399,6 +411,23 @@ def build(style: str = "exporter", form: str = "float", config: DecoderConfig | 
     opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(MS, 1)]
     return helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION, producer_name="onnx-quant",
                              producer_version="decoder_models")
+
+
+#: Llama-3-8B's widths (32 layers of these make the 8B model)
+LLAMA_8B = DecoderConfig(layers=32, hidden=4096, heads=32, kv_heads=8, intermediate=14336, vocab=128256,
+                         max_positions=8192)
+
+
+def layers_for(style: str, form: str, nodes: int) -> int:
+    """The layer count whose decoder has about ``nodes`` nodes (every layer adds the same)."""
+    one, two = (len(build(style, form, DecoderConfig(layers=k, kv_heads=4 if style == "mha" else 2),
+                          external_data="weights.bin").graph.node) for k in (1, 2))
+    return max(1, round((nodes - one) / (two - one)) + 1)
+
+
+def weight_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of the model's initializers stored outside it (what a pass must not read)."""
+    return sum(int(e.value) for t in model.graph.initializer for e in t.external_data if e.key == "length")
 
 
 def strip_types(model: onnx.ModelProto) -> onnx.ModelProto:
