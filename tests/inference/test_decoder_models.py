@@ -78,6 +78,26 @@ def test_genai_mask_length_gives_max_of_past_and_total():
                                               dims.Dim.symbol(dm.TOTAL))
 
 
+@pytest.mark.parametrize("style, form", CASES)
+def test_agrees_with_onnx_wherever_onnx_has_a_dim(style, form):
+    """Every dim onnx's pass (data_prop=True) gives as an int or a named symbol is ours too."""
+    model = dm.strip_types(dm.build(style, form, config(style, 2)))
+    ctx = inference.infer(model).ctx
+    theirs = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    compared, bad = 0, []
+    for vi in list(theirs.graph.value_info) + list(theirs.graph.output):
+        if not vi.type.tensor_type.HasField("shape"):
+            continue
+        mine, their_dims = ctx[vi.name].shape, vi.type.tensor_type.shape.dim
+        for i, d in enumerate(their_dims):
+            if d.HasField("dim_value") or (d.dim_param and not d.dim_param.startswith("unk__")):
+                compared += 1
+                want = d.dim_value if d.HasField("dim_value") else dims.parse(d.dim_param)
+                if mine is None or len(mine) != len(their_dims) or mine[i] != want:
+                    bad.append(f"{vi.name} dim {i}: ours {ctx[vi.name].shape_text()}, onnx {want}")
+    assert compared and not bad, bad[:3]
+
+
 def exposed(model: onnx.ModelProto, result) -> onnx.ModelProto:
     """The model with every node output a graph output (typed by element only), so that a run
     returns every value."""
