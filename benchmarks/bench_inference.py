@@ -424,18 +424,20 @@ def scale_table(rows: list[dict], tools: list[str]) -> list[str]:
 
 
 def linearity(rows: list[dict], tools: list[str]) -> list[str]:
-    """Per tool: the least-squares time per node and the fit's worst relative residual."""
+    """Per tool: the exponent b of time ~ nodes^b (least squares on the logs; 1 is linear) and
+    the time per node at the smallest and the largest size."""
+    import math  # noqa: PLC0415
+
     out = []
     for t in tools:
-        pts = [(r["nodes"], r[f"{t}_s"]) for r in rows if r.get(f"{t}_s") is not None]
+        pts = [(math.log(r["nodes"]), math.log(r[f"{t}_s"])) for r in rows if r.get(f"{t}_s")]
         if len(pts) < 2:
             continue
-        slope = sum(n * s for n, s in pts) / sum(n * n for n, _ in pts)  # through the origin
-        worst = max(abs(s - slope * n) / s for n, s in pts)
-        first, last = pts[0], pts[-1]
-        out.append(f"{LABELS[t]}: {slope * 1e6:.2f} µs/node fitted (time = k * nodes), worst point {worst:.0%} off; "
-                   f"µs/node {first[1] / first[0] * 1e6:.1f} at {first[0]} nodes, {last[1] / last[0] * 1e6:.1f} at "
-                   f"{last[0]} (x{(last[1] / last[0]) / (first[1] / first[0]):.2f} for x{last[0] / first[0]:.1f} nodes)")
+        mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
+        b = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+        per = [(r["nodes"], r[f"{t}_s"] / r["nodes"] * 1e6) for r in rows if r.get(f"{t}_s")]
+        out.append(f"{LABELS[t]}: time ~ nodes^{b:.2f}; µs/node {per[0][1]:.1f} at {per[0][0]} nodes, "
+                   f"{per[-1][1]:.1f} at {per[-1][0]} (x{per[-1][0] / per[0][0]:.1f} nodes)")
     return out
 
 
