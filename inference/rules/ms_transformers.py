@@ -25,7 +25,8 @@ GroupQueryAttention               query, key?, value?, past_key?, past_value?, s
 GroupQueryAttention's present length is ``max(past_sequence_length, total_sequence_length)``
 (the kernel's ``present_sequence_length``), with ``total_sequence_length`` the *value* of input
 6: a graph computes it from ``Shape(attention_mask)``, so it is the mask's length symbol. When
-that value is not known, the present length is a fresh symbol of the node's.
+that value is not known, the present length is a fresh symbol of the node's. MatMulNBits and
+DynamicQuantizeMatMul, the decoders' quantized projections, are in ``com_microsoft``.
 """
 
 from __future__ import annotations

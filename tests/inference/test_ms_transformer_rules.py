@@ -75,6 +75,15 @@ CASES = {
                                             "sin": _arr((8, 8))},
                                            ["y", "present_k", "present_v"],
                                            {"num_heads": 4, "kv_num_heads": 2, "do_rotary": 1}),
+    "MatMulNBits-3d-bias": ("MatMulNBits", {"a": _arr((2, 3, 64)),
+                                             "b": Const(rng.integers(0, 256, (16, 2, 16), dtype=np.uint8)),
+                                             "scales": Const(_arr(32)), "zp": None, "g_idx": None,
+                                             "bias": Const(_arr(16))},
+                            ["y"], {"K": 64, "N": 16, "bits": 4, "block_size": 32}),
+    "MatMulNBits-2d-scales": ("MatMulNBits", {"a": _arr((5, 48)),
+                                              "b": Const(rng.integers(0, 256, (8, 3, 8), dtype=np.uint8)),
+                                              "scales": Const(_arr((8, 3)))},
+                              ["y"], {"K": 48, "N": 8, "bits": 4, "block_size": 16}),
 }
 
 
@@ -206,3 +215,18 @@ def test_multi_head_attention_needs_num_heads():
     model = _sym_model([node], [(x, F, ["batch", "seq", 16]) for x in "qkv"], ["y"])
     errs = _errors(model)
     assert errs and "'mha' (MultiHeadAttention): MultiHeadAttention: attribute num_heads" in errs[0], errs
+
+
+@pytest.mark.parametrize("scales, bias, finding", [
+    ((31,), (16,), "scales must hold one scale per block of each column: expected N * ceil(K / block_size) = 32"),
+    ((32,), (8,), "bias must be 1-D of N entries: expected [16], found [8]"),
+])
+def test_matmul_nbits_scales_and_bias_must_fit(scales, bias, finding):
+    node = helper.make_node("MatMulNBits", ["a", "b", "s", "", "", "bias"], ["y"], name="mm", domain=MS, K=64, N=16,
+                            bits=4, block_size=32)
+    model = _sym_model([node], [("a", F, ["batch", "seq", 64]), ("b", TensorProto.UINT8, [16, 2, 16]),
+                                ("s", F, list(scales)), ("bias", F, list(bias))], ["y"])
+    result = inference.infer(model)
+    errs = [str(d) for d in result.diagnostics]
+    assert len(errs) == 1 and errs[0].startswith("'mm' (MatMulNBits): MatMulNBits:") and finding in errs[0], errs
+    assert result.ctx["y"].shape == (B, S, 16)
