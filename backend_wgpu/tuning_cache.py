@@ -115,6 +115,12 @@ class TuningTable:
     def __len__(self) -> int:
         return len(self.entries)
 
+    def digest(self) -> str:
+        """A digest of the choices: what a cache of plans made with this table must be keyed on
+        (a plan made before a ``tune`` would otherwise keep the static choice)."""
+        doc = json.dumps({k: c.as_json() for k, c in sorted(self.entries.items())}, sort_keys=True)
+        return hashlib.sha256(doc.encode()).hexdigest()[:16]
+
     @classmethod
     def load(cls, info: Any, folder: Path | None = None) -> "TuningTable":
         """The table of the adapter ``info`` describes; empty when no file exists or it is not a

@@ -20,6 +20,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 
 import numpy as np
 import onnx
@@ -51,62 +52,71 @@ def dynamic_mlp(width: int = 256, layers: int = 4, seed: int = 0) -> onnx.ModelP
 
 
 def measure(model: onnx.ModelProto, feeds: dict[str, np.ndarray], *, repeat: int, adapter: str | None) -> dict:
-    """The per-node tuning report and the whole run's median in every configuration."""
+    """Tune (every candidate per key, timed), then the whole run's median in every configuration,
+    interleaved, beside onnxruntime CPU."""
     import onnxruntime as ort  # noqa: PLC0415
 
     from onnx_quant.backend_wgpu import Session, tuning  # noqa: PLC0415
+    from onnx_quant.backend_wgpu.device import get_device  # noqa: PLC0415
 
     expected = run_oracle(choose_oracle(model), model, feeds)
     data = model.SerializeToString()
+    device = get_device(adapter)
+    table = tuning.TuningTable.load(device.info)
+    t0 = time.perf_counter()
+    reports = tuning.tune(lambda **kw: Session(data, device=device, **kw), feeds, table, force=True)
+    result: dict = {"device": device.info.name, "model": "dynamic MLP 4 x 256x256, x [3, 9, 256]",
+                    "tune_s": time.perf_counter() - t0, "keys": [r.as_json() for r in reports], "configs": {}}
     configs = {"static (fused by rule)": {"use_tuning_cache": False},
                "fuse_dynamic=False": {"use_tuning_cache": False, "fuse_dynamic": False},
-               "tuned": {"tune": True}}
-    result: dict = {"configs": {}, "model": "dynamic MLP 4 x 256x256, x [3, 9, 256]"}
-    sessions = {name: Session(data, adapter=adapter, **kw) for name, kw in configs.items()}
+               "tuned (the table above)": {}}
+    sessions = {name: Session(data, device=device, **kw) for name, kw in configs.items()}
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     ort_session = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
     runs = {name: (lambda s=s: s.run(None, feeds)) for name, s in sessions.items()}
     runs["onnxruntime CPU"] = lambda: ort_session.run(None, feeds)
+    chosen = {n: r.chosen for r in reports for n in r.nodes}
     for name, s in sessions.items():
-        got = s.run(None, feeds)  # plans, compiles (and tunes, for "tuned")
+        got = s.run(None, feeds)  # plans and compiles
+        specs = {sp.name: sp for sp in s.kernel_specs}
         plans = s.plans({k: v.shape for k, v in feeds.items()})
-        result["configs"][name] = {"oracle": tuning.outputs_agree(got, expected, 1e-4) or "agrees",
-                                   "variants": {p.node: p.variant for p in plans}}
-        result["device"] = s.device.info.name
+        labels = {p.node: tuning.candidate_label(p.variant, {k: v for k, v in p.tunables.items()
+                                                            if v != specs[p.kernel].tunables[k].default})
+                  for p in plans}
+        result["configs"][name] = {"oracle": tuning.outputs_agree(got, expected, 1e-4) or "agrees", "nodes": labels}
+    tuned = result["configs"]["tuned (the table above)"]["nodes"]
+    result["every_node_runs_its_fastest"] = all(
+        tuned[n] == label and r.timed_us[label] == min(r.timed_us.values())
+        for r in reports for n in r.nodes for label in [r.chosen])
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeat):  # interleaved: a change of the machine's load hits every configuration alike
         for name, fn in runs.items():
             times[name].append(median_seconds(fn, 1) * 1e3)
-    for name in sessions:
+    for name, s in sessions.items():
         result["configs"][name]["ms"] = statistics.median(times[name])
-        sessions[name].close()
+        s.close()
     result["onnxruntime_cpu_ms"] = statistics.median(times["onnxruntime CPU"])
-    table = tuning.TuningTable.load(Session(data, adapter=adapter).device.info)
-    result["timed"] = {key: c.as_json() for key, c in table.entries.items()}
     return result
 
 
 def format_result(r: dict) -> str:
-    lines = [f"device: {r['device']}", r["model"], "", "per tuning key, every candidate timed (µs, summed over its nodes):"]
-    for key, c in r["timed"].items():
-        lines.append(f"  {key}")
-        for label, us in sorted(c["timed_us"].items(), key=lambda kv: kv[1]):
-            mark = "  <- chosen" if label == tuning_label(c) else ""
-            lines.append(f"    {us:10.1f}  {label}{mark}")
-    lines += ["", f"{'configuration':28} {'ms/run':>9} {'x ort':>7}  oracle   variants"]
+    lines = [f"device: {r['device']}", r["model"], "",
+             f"tuning ({r['tune_s']:.1f} s): per key, its nodes and every candidate timed (µs, summed over the nodes):"]
+    for k in r["keys"]:
+        lines.append(f"  {k['kernel']} [{', '.join(k['nodes'])}]: static {k['static']} -> {k['chosen']}")
+        for label, us in sorted(k["timed_us"].items(), key=lambda kv: kv[1]):
+            lines.append(f"    {us:10.1f}  {label}" + ("  <- chosen" if label == k["chosen"] else ""))
+        lines += [f"    dropped  {label}: {why}" for label, why in k["dropped"].items()]
+    lines.append(f"every node of the tuned session runs its key's fastest timed candidate: "
+                 f"{'yes' if r['every_node_runs_its_fastest'] else 'NO'}")
+    lines += ["", f"{'configuration':28} {'ms/run':>9} {'x ort':>7}  oracle   what the nodes run"]
     ort_ms = r["onnxruntime_cpu_ms"]
     for name, c in r["configs"].items():
-        kinds = sorted(set(c["variants"].values()))
+        kinds = sorted(set(c["nodes"].values()))
         lines.append(f"{name:28} {c['ms']:9.2f} {c['ms'] / ort_ms:7.1f}  {c['oracle']:8} {', '.join(kinds)}")
     lines.append(f"{'onnxruntime CPU':28} {ort_ms:9.3f} {1.0:7.1f}")
     return "\n".join(lines)
-
-
-def tuning_label(c: dict) -> str:
-    from onnx_quant.backend_wgpu.tuning_cache import candidate_label  # noqa: PLC0415
-
-    return candidate_label(c["variant"], c["tunables"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -283,6 +283,8 @@ def markdown(report: dict[str, Any]) -> str:
                 row = by.get((c["case"], r))
                 if row is None:
                     cells.append("not run")
+                elif row["status"] == "n/a":
+                    cells.append("n/a")
                 elif row["status"] == "error":
                     cells.append("error: " + row["error"][:60].replace("|", "/"))
                 else:
@@ -299,7 +301,7 @@ def plots(out: Path, report: dict[str, Any]) -> list[str]:
 
     made = []
     runners = [r for r in RUNNERS if any(row["runner"] == r for row in report["rows"])]
-    by = {(r["case"], r["runner"]): r for r in report["rows"] if r["status"] != "error"}
+    by = {(r["case"], r["runner"]): r for r in report["rows"] if "steady_s" in r}
     for batch, key, scale, label, name in ((min(FULL_BATCHES), "steady_s", 1e3, "ms per run (log)", "latency"),
                                            (None, "throughput", 1.0, "inferences / s (log)", "throughput")):
         batch = batch if batch is not None else max(c["batch"] for c in report["cases"])

@@ -130,9 +130,13 @@ def run_tinygrad(path, feeds, form, cap_s, max_runs):
     return outputs, load, first, steady, f"device {Device.DEFAULT}"
 
 
+class NotApplicable(Exception):
+    """The runner does not take this kind of case (a row ``n/a``, not an error)."""
+
+
 def run_torch(path, feeds, form, cap_s, max_runs):
     if form != "float":
-        raise RuntimeError("onnx2torch converts float models only")
+        raise NotApplicable("onnx2torch converts float models only")
     import onnx  # noqa: PLC0415
     import torch  # noqa: PLC0415
     from onnx2torch import convert  # noqa: PLC0415
@@ -176,6 +180,9 @@ def timed_case(runner: str, case: Mapping[str, Any], feeds: Mapping[str, np.ndar
     row: dict[str, Any] = {"runner": runner, **{k: case[k] for k in ("case", "model", "form", "batch", "tier")}}
     try:
         outputs, load, first, steady, note = RUNNERS[runner](case["path"], feeds, case["form"], cap_s, max_runs)
+    except NotApplicable as e:
+        row.update(status="n/a", error=str(e))
+        return row
     except Exception as e:  # noqa: BLE001 - a runner's failure is a row, not the end of the part
         row.update(status="error", error=f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
         return row

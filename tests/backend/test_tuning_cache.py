@@ -42,6 +42,7 @@ def test_table_round_trips_through_the_cache_folder():
     table.save()
     again = TuningTable.load(INFO)
     assert again.lookup("k1") == table.lookup("k1") and again.ignored == 0
+    assert again.digest() == table.digest() != TuningTable(table.adapter).digest()
     assert tuning_cache.clear() and len(TuningTable.load(INFO)) == 0
 
 
