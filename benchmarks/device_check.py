@@ -198,6 +198,11 @@ def adapter_lines() -> list[str]:
 
 
 def _missing(runner: str) -> str | None:
+    """Why a part cannot run here, or None."""
+    if runner == "prepare":
+        return None
+    if runner == "roofline":
+        return None if (HERE / "roofline.py").is_file() else "benchmarks/roofline.py is not in this tree"
     if runner == "onnxruntime-webgpu" and not os.environ.get("DEVICE_CHECK_ORTWEB"):
         return "onnxruntime-webgpu not unpacked (DEVICE_CHECK_ORTWEB unset: scripts/fetch-device-carry)"
     env_path = os.environ.get("DEVICE_CHECK_ORTWEB") if runner == "onnxruntime-webgpu" else None
@@ -224,16 +229,17 @@ def run_all(out: Path, smoke: bool, budget: float) -> dict[str, Any]:
     common = ["--work", str(work)] + (["--smoke"] if smoke else [])
     report: dict[str, Any] = {"smoke": smoke, "budget_s": budget, "adapter": adapter_lines(), "parts": {}}
     print("\n".join(report["adapter"]), flush=True)
+    skipped = {part: why for part in SHARES if (why := _missing(part))}
+    for part, why in skipped.items():
+        report["parts"][part] = {"skipped": why}
+        print(f"{part}: skipped: {why}", flush=True)
+    active = {part: share for part, share in SHARES.items() if part not in skipped}
+    scale = sum(SHARES.values()) / sum(active.values())  # what a skipped part would have had goes to the others
     t = start
-    for part, share in SHARES.items():
-        t += share * budget  # a part may use what the ones before it left
+    for part, share in active.items():
+        t += share * scale * budget  # a part may also use what the ones before it left
         if part == "roofline":
             report["parts"][part] = roofline(out, smoke, t - time.time())
-            continue
-        why = None if part == "prepare" else _missing(part)
-        if why:
-            report["parts"][part] = {"skipped": why}
-            print(f"{part}: skipped: {why}", flush=True)
             continue
         env = dict(os.environ)
         if part == "onnxruntime-webgpu":
@@ -251,9 +257,6 @@ def run_all(out: Path, smoke: bool, budget: float) -> dict[str, Any]:
 
 def roofline(out: Path, smoke: bool, timeout: float) -> dict[str, Any]:
     script = HERE / "roofline.py"
-    if not script.is_file():
-        print("roofline: skipped: benchmarks/roofline.py is not in this tree", flush=True)
-        return {"skipped": "benchmarks/roofline.py is not in this tree"}
     args = [str(script), "--json", str(out / "roofline.json")] + (["--short"] if smoke else [])
     t0 = time.time()
     try:
@@ -337,6 +340,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.part:
         work = Path(args.work)
+        if importlib.util.find_spec("onnxruntime"):  # its per-run shape warnings would drown the log
+            import onnxruntime  # noqa: PLC0415
+
+            onnxruntime.set_default_logger_severity(3)
         if args.part == "prepare":
             prepare(work, args.smoke, args.deadline)
         else:
