@@ -7,6 +7,7 @@ import json
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from onnx_quant import cache_dir
 from onnx_quant.backend_wgpu import tuning, tuning_cache
@@ -17,6 +18,12 @@ from onnx_quant.backend_wgpu.tuning_cache import Choice, TuningTable, adapter_ke
 INFO = DeviceInfo(name="Some GPU (driver 1.2)", backend="Vulkan")
 SHAPES = {"A": (3, 9, 256), "B": (256, 256), "Y": (3, 9, 256)}
 TYPES = {"A": "float32", "B": "int8", "Y": "float32"}
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    """A cache folder per test: no table written here is read by another test of the suite."""
+    monkeypatch.setenv(cache_dir.ENV, str(tmp_path / "cache"))
 
 
 def test_entry_key_buckets_shapes_by_powers_of_two_and_keeps_dtypes_apart():

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_quant import model_zoo
+from onnx_quant import cache_dir, model_zoo
 from onnx_quant.backend_wgpu import Session, tuning
 from onnx_quant.backend_wgpu.tuning_cache import TuningTable, candidate_label
 from onnx_quant.cli import main
@@ -19,6 +19,12 @@ from support.oracles import onnxruntime_run
 
 pytestmark = pytest.mark.gpu
 KERNEL = "DynamicQuantizeMatMul"
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    """A cache folder per test: no table written here is read by another test of the suite."""
+    monkeypatch.setenv(cache_dir.ENV, str(tmp_path / "cache"))
 
 
 @pytest.fixture(scope="module")
