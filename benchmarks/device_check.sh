@@ -53,9 +53,11 @@ fi
 # 5. tinygrad on CUDA (its nvrtc may live in a pip nvidia package) where a GPU is
 if [ "$smoke" = 0 ] && command -v nvidia-smi >/dev/null 2>&1; then
   export DEV="${DEV:-CUDA}" DEVICE_CHECK_REQUIRE_CUDA=1
-  nvlib=$("$PY" -c 'import glob, os, site
-print(":".join(sorted({os.path.dirname(p) for s in site.getsitepackages() for p in glob.glob(os.path.join(s, "nvidia", "**", "libnvrtc*.so*"), recursive=True)})))' 2>/dev/null)
-  [ -n "$nvlib" ] && export LD_LIBRARY_PATH="$nvlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  nvrtc=$("$PY" -c 'import glob, os, site
+print(next(iter(sorted(p for s in site.getsitepackages() for p in glob.glob(os.path.join(s, "nvidia", "**", "libnvrtc.so*"), recursive=True))), ""))' 2>/dev/null)
+  if [ -z "${NVRTC_PATH:-}" ] && [ -n "$nvrtc" ]; then  # tinygrad's own search misses pip's nvidia folders
+    export NVRTC_PATH="$nvrtc" LD_LIBRARY_PATH="$(dirname "$nvrtc")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 fi
 # 6. this project: installed, or the tree mapped as pyproject.toml's package-dir maps it
