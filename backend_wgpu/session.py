@@ -51,7 +51,7 @@ from onnx_quant.model_io import initializer_arrays, load_model
 
 from . import data_dependent as dd
 from . import graph_plan as gp
-from . import placement
+from . import placement, tuning
 from ..inference.dims import to_text as dim_text
 from .control_flow import ControlFlow, body_overrides
 from .device import GpuDevice, get_device
@@ -71,6 +71,7 @@ from .profiling import Profiler
 from .region import DataDependentRegion, HostPaddedNonZero
 from .rewrites import RewriteOptions, rewrite_model
 from .spec import load_specs
+from .tuning_cache import TuningTable
 from .verdict import onnx_type
 
 #: graph plans (device buffers included) a session keeps; the least recently used is released
@@ -137,7 +138,10 @@ class Session:
     (default), "default" (WebGPU defaults) or a dict; ``device``: an existing GpuDevice.
     ``tunables``: ``{name: int}`` for every kernel that has the tunable, or
     ``{node name or op type: {name: int}}``. ``variants``: ``{node name or op type: variant id}``
-    forces a variant (an ExecutionError when its ``when`` clauses do not hold).
+    forces a variant (an ExecutionError when its ``when`` clauses do not hold). ``tune``: on each
+    new binding of input shapes, time the variants and tunables the specs allow where the adapter's
+    tuning table (tuning_cache.py) has no choice yet, and keep the fastest exact one (tuning.py);
+    ``use_tuning_cache``: plan with the table's choices (False: the static rules alone).
     ``allow_host_fallback``: run nodes no kernel covers on the host (onnx.reference; a
     HostFallbackWarning names them), or refuse the model (False: ExecutionError listing them).
     ``specs``: a ``SpecRegistry`` or a folder of ``*.kernel.json`` (default: the installed
@@ -181,6 +185,8 @@ class Session:
         fold_batch_norm: bool = True,
         fuse_dynamic: bool = True,
         fuse_elementwise: bool = True,
+        tune: bool = False,
+        use_tuning_cache: bool = True,
     ) -> None:
         self._lock = threading.RLock()  # one run at a time per session: backend_wgpu/locking.py
         self.budget = resolve_budget(memory_budget)
@@ -247,6 +253,9 @@ class Session:
             warnings.warn(self._fallback_text(static_host, {i.index: i.reason for i in static_host}),
                           HostFallbackWarning, stacklevel=2)
         self.device = device if device is not None else get_device(adapter, limits=limits)
+        self._tune = bool(tune)
+        if use_tuning_cache or tune:
+            self._options = gp.CompileOptions(self._tunables, self._variants, TuningTable.load(self.device.info))
         self.stats = SessionStats()
         self._resources = SessionResources(self.device, self.stats)
         self._plans: "OrderedDict[tuple, GraphPlan]" = OrderedDict()
@@ -261,6 +270,11 @@ class Session:
         self.profiler = Profiler(self.device) if profile else None
 
     # -- construction ------------------------------------------------------------------------
+
+    @property
+    def kernel_specs(self) -> Any:
+        """The kernel registry this session plans with (tuning.py reads its tunables' ``tune``)."""
+        return self._specs
 
     @staticmethod
     def _registry(specs: Any):
@@ -522,6 +536,10 @@ class Session:
                     feeds: Mapping[str, Any] | None = None) -> GraphPlan:
         """The graph compiler (``graph_plan.compile``) for one binding of input shapes (and of the
         contents of the inputs in ``input_values``); the host fallback policy on what it decided."""
+        if self._tune:  # measure what the table lacks for these shapes (tuning.py), then plan with it
+            tuning.tune(lambda **kw: Session(self.source_model, device=self.device, **{**self._body_options, **kw}),
+                        tuning.feeds_for(self._inputs, shapes, feeds), self._options.tuned,
+                        tunables=self._tunables, variants=self._variants)
         compiled = gp.compile(self._graph, self.device.info, shapes, options=self._options,
                               input_values=input_values, feeds=feeds, key=key)
         if compiled.keyed:  # phase 0: from now on this binding keys on those inputs' contents

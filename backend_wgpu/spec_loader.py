@@ -36,7 +36,7 @@ _TOP_KEYS = {"domain", "name", "sinceVersion", "untilVersion", "inputs", "output
 _TOP_REQUIRED = {"name", "sinceVersion", "inputs", "outputs", "typeConstraints", "variants"}
 _IO_KEYS = {"dtype", "rank", "shape", "optional", "constant"}
 _ATTRIBUTE_KEYS = {"default", "required", "description", "fixed"}
-_TUNABLE_KEYS = {"default", "description"}
+_TUNABLE_KEYS = {"default", "description", "tune"}
 _BINDING_KEYS = {"name", "elementType", "length", "buffer", "struct"}
 _MEMBER_KEYS = {"name", "type", "value"}
 _VARIANT_KEYS = {"id", "priority", "when", "derive", "intermediates", "passes", "description"}
@@ -383,8 +383,11 @@ class _Loader:
             if not _is_ident(tname):
                 raise self.err(f, f"tunable name {tname!r} is not an identifier")
             d = self.obj(tdecl, f, _TUNABLE_KEYS, {"default"})
+            tune = tuple(self.integer(v, f"{f}.tune[{i}]", minimum=1)
+                         for i, v in enumerate(self.array(d.get("tune", []), f"{f}.tune")))
             tunables[tname] = Tunable(tname, self.integer(d["default"], f"{f}.default"),
-                                      self.string(d.get("description", ""), f"{f}.description", nonempty=False))
+                                      self.string(d.get("description", ""), f"{f}.description", nonempty=False),
+                                      tune)
 
         attributes = self.attributes(top.get("attributes", {}))
         constants = frozenset(n for n, (section, d) in io_raw.items() if d.get("constant"))
