@@ -35,6 +35,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from onnx_quant.errors import DeviceError
 
+from .ctypes_prime import prime_wgpu
 from .device_info import WEBGPU_DEFAULT_LIMITS, DeviceInfo
 from .locking import holding
 
@@ -65,6 +66,7 @@ def _wgpu():
         import wgpu  # noqa: PLC0415 - keep `import backend_wgpu` cheap
     except Exception as e:  # pragma: no cover - depends on the machine
         raise DeviceError(f"wgpu is not usable here: {type(e).__name__}: {e}") from None
+    prime_wgpu()  # the C types wgpu-py is about to parse one by one, at once (ctypes_prime.py)
     return wgpu
 
 
