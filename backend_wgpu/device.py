@@ -314,9 +314,11 @@ class GpuDevice:
 
     @holding("lock")
     def compile_pass(self, pass_plan, layout_key: tuple, *, label: str = "", kernel: str | None = None,
-                     variant: str | None = None):
-        """A pass's cached pipeline, looked up by its pipeline key before rendering (pipelines.py)."""
-        return self.pipelines.for_pass(pass_plan, layout_key, label=label, kernel=kernel, variant=variant)
+                     variant: str | None = None, known: tuple[tuple, str] | None = None):
+        """A pass's cached pipeline, looked up by its pipeline key before rendering (pipelines.py);
+        ``known``: its (pipeline key, source) from the plan cache."""
+        return self.pipelines.for_pass(pass_plan, layout_key, label=label, kernel=kernel, variant=variant,
+                                       known=known)
 
     @holding("lock")
     def bind(self, compiled, buffers: Sequence[tuple], *, label: str = "",

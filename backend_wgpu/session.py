@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ from . import data_dependent as dd
 from . import graph_plan as gp
 from . import placement
 from ..inference.dims import to_text as dim_text
+from .cold_start import ColdStart, PlanDisk
 from .control_flow import ControlFlow, body_overrides
 from .device import GpuDevice, get_device
 from .device_value import DeviceValue, stand_in
@@ -66,6 +68,7 @@ from .locking import holding
 from .model_check import check_host_outputs, static_values
 from .placement import NodeInfo, op_name
 from .plan import GraphPlan, HostStep, Segment
+from .plan_cache import PlanStore
 from .planner import describe
 from .profiling import Profiler
 from .region import DataDependentRegion, HostPaddedNonZero
@@ -157,6 +160,8 @@ class Session:
     ``fuse_elementwise``: run each group of float32 elementwise nodes (a chain or small tree of
     table ops, each intermediate read once) as one generated kernel (elementwise_fusion.py;
     ``elementwise_fusion`` lists them); False runs them one kernel per node.
+    ``plan_cache``: read and write the on-disk cache of plans and WGSL (plan_cache.py); False
+    plans and renders in this process only. ``cold_start`` times construction and first run.
 
     ``stats`` (:class:`~backend_wgpu.executor.SessionStats`) counts what the session did:
     plans, pipelines compiled, buffers allocated, bind groups, submits, read-backs, bytes
@@ -181,13 +186,17 @@ class Session:
         fold_batch_norm: bool = True,
         fuse_dynamic: bool = True,
         fuse_elementwise: bool = True,
+        plan_cache: bool = True,
     ) -> None:
+        #: seconds per phase of construction and first run (cold_start.py)
+        self.cold_start = ColdStart()
         self._lock = threading.RLock()  # one run at a time per session: backend_wgpu/locking.py
         self.budget = resolve_budget(memory_budget)
         self.model = load_model(model_or_path, load_external_data=True, base_dir=base_dir, budget=self.budget)
         #: the model as loaded, before the construction phases (what an oracle compares with)
         self.source_model = self.model
         self._static_values = static_values(self.model)  # structural faults are refused here, first
+        self.cold_start.phase("load")
         self._specs = self._registry(specs)
         # the construction phases (rewrites.py): BatchNormalization folding, the QDQ, dynamic and
         # elementwise fusions, NonZero's data-dependent split
@@ -246,7 +255,15 @@ class Session:
         if static_host:
             warnings.warn(self._fallback_text(static_host, {i.index: i.reason for i in static_host}),
                           HostFallbackWarning, stacklevel=2)
+        self.cold_start.phase("rewrite")
         self.device = device if device is not None else get_device(adapter, limits=limits)
+        self.cold_start.phase("device")
+        # the on-disk plan cache (plan_cache.py), for the installed specs only
+        self._disk = PlanDisk(PlanStore.default() if plan_cache and self._specs is _specs() else None,
+                              self.source_model, self.device.info,
+                              {"rewrites": (fold_batch_norm, fuse_qdq, fuse_dynamic, fuse_elementwise),
+                               "tunables": repr(sorted(self._tunables.items())),
+                               "variants": repr(sorted(self._variants.items()))})
         self.stats = SessionStats()
         self._resources = SessionResources(self.device, self.stats)
         self._plans: "OrderedDict[tuple, GraphPlan]" = OrderedDict()
@@ -522,8 +539,17 @@ class Session:
                     feeds: Mapping[str, Any] | None = None) -> GraphPlan:
         """The graph compiler (``graph_plan.compile``) for one binding of input shapes (and of the
         contents of the inputs in ``input_values``); the host fallback policy on what it decided."""
-        compiled = gp.compile(self._graph, self.device.info, shapes, options=self._options,
-                              input_values=input_values, feeds=feeds, key=key)
+        self.cold_start.restart()
+        compiled = self._disk.lookup(key) if not input_values else None
+        if self.stats.plans == 0:
+            self.cold_start.plan_cache = "off" if self._disk.store is None else "hit" if compiled else "miss"
+        if compiled is None:
+            compiled = gp.compile(self._graph, self.device.info, shapes, options=self._options,
+                                  input_values=input_values, feeds=feeds, key=key)
+            if not input_values:
+                self._disk.remember(key, compiled)
+        if self.stats.plans == 0:
+            self.cold_start.phase("plan")
         if compiled.keyed:  # phase 0: from now on this binding keys on those inputs' contents
             self._value_keyed[key] = compiled.keyed
         self._host_policy(compiled, shapes)
@@ -586,14 +612,25 @@ class Session:
                                arrays)
         constants = {**self._initializers, **self._constants}
         prep = self._prepared.get(gplan.key)
+        first = self.stats.runs == 0
+        if first:
+            t_run, pipes = time.perf_counter(), self.device.pipelines
+            before_pipes = (pipes.render_s, pipes.compile_s)
         if prep is None or prep.plan is not gplan:
-            prep = self._prepared[gplan.key] = prepare_graph(self.device, gplan, self._resources, constants)
+            prep = self._prepared[gplan.key] = prepare_graph(self.device, gplan, self._resources, constants,
+                                                             self._disk.shaders_for(gplan.key))
+            self._disk.prepared(gplan.key, prep.shaders)
         host_values: dict[str, Any] = {**constants, **gplan.folded, **arrays}
         wanted_roots = frozenset(gplan.alias[n][0] for n in wanted if n not in keep)
         kept_roots = frozenset(r for r in (gplan.alias[n][0] for n in keep) if gplan.roots[r].origin == "gpu")
         self.stats.runs += 1
         values, kept = run_graph(self.device, prep, self._resources, arrays, host_values, self._run_host,
                                  wanted_roots, kept_roots=kept_roots, profiler=self.profiler)
+        if first:
+            rendered, compiled = pipes.render_s - before_pipes[0], pipes.compile_s - before_pipes[1]
+            self.cold_start.add("render", rendered)
+            self.cold_start.add("compile", compiled)
+            self.cold_start.add("first run", time.perf_counter() - t_run - rendered - compiled)
         self.last_run_stats = self.stats.since(before)
         result: list[Any] = []
         made: dict[str, DeviceValue] = {}
