@@ -47,23 +47,28 @@ def enabled() -> bool:
 
 @functools.lru_cache(maxsize=1)
 def code_digest() -> str:
-    """SHA-256 over the installed package's Python sources and kernel templates (each file's path,
-    size and modification time: no file is read), once per process."""
+    """:func:`tree_digest` of the installed package's Python sources and kernel templates, once
+    per process."""
     from . import spec_loader  # noqa: PLC0415 - where the templates are
 
     here = Path(__file__).resolve().parent
-    roots = [here, here.parent / "inference" if (here.parent / "inference").is_dir() else None,
-             Path(cache_dir.__file__).resolve().parent, Path(spec_loader.templates_dir())]
+    return tree_digest([here, here.parent / "inference", Path(cache_dir.__file__).resolve().parent,
+                        Path(spec_loader.templates_dir())])
+
+
+def tree_digest(roots: list[Path]) -> str:
+    """SHA-256 over the ``.py``, ``.json`` and ``.jinja`` files under ``roots``: each file's path,
+    size and modification time (no file is read), with the project version."""
     h = hashlib.sha256(__version__.encode())
     seen: set[Path] = set()
     for root in roots:
-        if root is None or not root.is_dir():
+        if not root.is_dir():
             continue
         for path in sorted(root.rglob("*")):
             if path.suffix not in (".py", ".json", ".jinja") or "__pycache__" in path.parts or path in seen:
                 continue
             seen.add(path)
-            st = path.stat()  # name, size and modification time: an edited file changes the digest
+            st = path.stat()  # an edited file changes size or modification time
             h.update(f"{path.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
     return h.hexdigest()
 
