@@ -399,7 +399,8 @@ class GpuDevice:
         (pipeline, bind group) handles, is recorded through wgpu-native's C functions directly
         (wgpu-py's wrappers cost an error-capturing proxy and an ``ffi.new`` per call); errors
         still surface at ``finish()``, caught and named as every other. ``times``: a list that
-        gets (seconds recording up to ``finish()``, seconds in ``queue.submit``).
+        gets (seconds recording up to ``finish()``, seconds in ``queue.submit``, seconds recording
+        up to the last command: before wgpu-native's pass end and finish, its own validation).
         """
         t0 = time.perf_counter()
         recorded: list[str] = []
@@ -462,6 +463,7 @@ class GpuDevice:
                         encoder.copy_buffer_to_buffer(src, src_off, dst, dst_off, size)
                 else:  # pragma: no cover - programming error
                     raise ValueError(f"unknown command {cmd[0]!r}")
+            t_recorded = time.perf_counter()
             if cpass is not None:
                 cpass.end()
             if timestamps is not None:
@@ -472,7 +474,7 @@ class GpuDevice:
             t1 = time.perf_counter()
             self.queue.submit([finished])
         if times is not None:
-            times.append((t1 - t0, time.perf_counter() - t1))
+            times.append((t1 - t0, time.perf_counter() - t1, t_recorded - t0))
         self.stats.submits += 1
         if read is not None:
             return self.read_staging(read, read_size)

@@ -262,6 +262,8 @@ class SessionStats:
     #: host time spent building and recording the runs' commands up to each submit's return
     #: (not the wait for the device; not counted in profiled runs)
     host_encode_us: float = 0.0
+    #: the same up to the last command recorded: without wgpu-native's pass end and finish
+    host_record_us: float = 0.0
 
     def snapshot(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -631,6 +633,7 @@ def run_graph(
             t_record = time.perf_counter()
             raw = device.submit(flat, read=read, read_size=read_size, label=label, times=times)
             stats.host_encode_us += ((t_record - t_encode) + times[0][0]) * 1e6
+            stats.host_record_us += ((t_record - t_encode) + times[0][2]) * 1e6
         stats.submits += 1
         if raw is None:
             continue
