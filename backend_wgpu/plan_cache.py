@@ -28,7 +28,7 @@ import pickle
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from onnx_quant import __version__, cache_dir
 
@@ -71,6 +71,29 @@ def tree_digest(roots: list[Path]) -> str:
             st = path.stat()  # an edited file changes size or modification time
             h.update(f"{path.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
     return h.hexdigest()
+
+
+def load_or_store(name: str, build: Callable[[], Any], kind: type) -> Any:
+    """What ``build()`` returns, kept on disk as ``NAME-<code digest>.pickle`` beside the plans
+    (the installed kernel specs: loading and checking them costs 0.3-1 s a process): read when
+    there and of type ``kind``, else built and written. Never fails for the cache's sake."""
+    if not enabled():
+        return build()
+    try:
+        path = cache_dir.folder(KIND) / f"{name}-{code_digest()[:24]}.pickle"
+    except OSError:
+        return build()
+    with contextlib.suppress(Exception):  # missing, truncated, from a moved class: built again
+        value = pickle.loads(path.read_bytes())
+        if isinstance(value, kind):
+            return value
+    value = build()
+    with contextlib.suppress(Exception):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".pickle")
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(value, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, path)
+    return value
 
 
 def model_digest(model: Any) -> str:

@@ -12,6 +12,7 @@ from typing import Any, Iterable, Iterator
 
 from onnx_quant.errors import SpecError
 
+from . import plan_cache
 from .spec_loader import load_spec, load_spec_document, load_spec_file, templates_dir
 from .spec_model import (
     ACCESS_BY_BUFFER, CONTEXT_KEYS, DEFAULT_DOMAIN, AttributeDecl, BindingDecl, Derive, Intermediate, KernelSpec,
@@ -85,8 +86,14 @@ class SpecRegistry:
 
 
 def load_specs(directory: str | Path | None = None) -> SpecRegistry:
-    """Load every ``*.kernel.json`` of ``directory`` (default: the templates package)."""
-    d = Path(directory) if directory is not None else templates_dir()
+    """Load every ``*.kernel.json`` of ``directory`` (default: the templates package, whose
+    loaded registry is kept on disk beside the plans: plan_cache.load_or_store)."""
+    if directory is None:
+        return plan_cache.load_or_store("specs", lambda: _load_folder(templates_dir()), SpecRegistry)
+    return _load_folder(Path(directory))
+
+
+def _load_folder(d: Path) -> SpecRegistry:
     if not d.is_dir():
         raise SpecError(str(d), "<directory>", "not a directory")
     files = [s for p in sorted(d.glob("*.kernel.json")) for s in load_spec_file(p)]

@@ -182,3 +182,26 @@ def test_cli_cache_info_and_clear(best, cache_root, capsys):
     assert code == 0
     code, out, _ = _run_cli(capsys, "cache", "info", "--json")
     assert json.loads(out)["caches"] == {}
+
+
+def test_the_installed_specs_are_kept_on_disk_and_read_back_equal(cache_root):
+    from onnx_quant.backend_wgpu import spec  # noqa: PLC0415
+
+    built = spec.load_specs()
+    (stored,) = (cache_root / "plans").rglob("specs-*.pickle")
+    read = spec.load_specs()
+    direct = spec.load_specs(spec.templates_dir())  # a folder named: never the disk copy
+    # repr: every field's value (two loads of the same files are not == : NaN defaults)
+    assert read is not built and repr(list(read)) == repr(list(direct)) == repr(list(built)) and len(read) > 100
+    stored.write_bytes(b"truncated")
+    assert repr(list(spec.load_specs())) == repr(list(direct))
+
+
+def test_an_expression_pickles_as_its_text_and_evaluates_the_same():
+    from onnx_quant.backend_wgpu import expr  # noqa: PLC0415
+
+    e = expr.parse("ceilDiv(shapes.x[0] * 3, 4) + tunables.tile + n")
+    back = pickle.loads(pickle.dumps(e))
+    assert back == e and back is not e and back.free_names == e.free_names == {"n"}
+    env = expr.Env(shapes={"x": (7, 2)}, tunables={"tile": 8}, names={"n": 5})
+    assert back.evaluate(env) == e.evaluate(env) == 6 + 8 + 5
