@@ -65,7 +65,7 @@ from .graph_index import attributes
 from .host_rewrites import host_node
 from .host_sizes import check_host_node
 from .locking import holding
-from .model_check import check_host_outputs, static_values
+from .model_check import check_host_outputs, plain_constant, static_values
 from .placement import NodeInfo, op_name
 from .plan import GraphPlan, HostStep, Segment
 from .plan_cache import PlanStore
@@ -352,9 +352,9 @@ class Session:
         return self._evaluators[info.index]
 
     def _eval_constant(self, info: NodeInfo) -> None:
-        ev, _ = self._evaluator(info)
+        plain = plain_constant(info.node) if info.node.domain in ("", "ai.onnx") else None
         try:
-            outs = ev.run(None, {})
+            outs = [plain] if plain is not None else self._evaluator(info)[0].run(None, {})
         except Exception as e:
             raise ExecutionError(f"node {info.label!r} (Constant): cannot evaluate: {type(e).__name__}: {e}") from None
         for name, value in zip([o for o in info.node.output if o], outs):

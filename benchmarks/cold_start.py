@@ -50,6 +50,20 @@ def _timed(owner: Any, name: str, bucket: dict[str, float], key: str) -> None:
     setattr(owner, name, wrapper)
 
 
+def _runs(sess: Any, feeds: dict, t_start: float, steady: int) -> tuple[dict[str, float], list]:
+    """Session (built since ``t_start``), first run and the median of ``steady`` more runs."""
+    t_session = time.perf_counter()
+    outputs = sess.run(None, feeds)
+    t_first = time.perf_counter()
+    times = []
+    for _ in range(steady):
+        t = time.perf_counter()
+        sess.run(None, feeds)
+        times.append(time.perf_counter() - t)
+    return {"session_s": t_session - t_start, "first_run_s": t_first - t_session,
+            "steady_s": statistics.median(times)}, outputs
+
+
 def child(model_path: str, feeds_path: str, engine: str, steady: int) -> dict[str, Any]:
     """One new process's figures (printed as JSON by ``--child``)."""
     t0 = time.perf_counter()
@@ -61,16 +75,7 @@ def child(model_path: str, feeds_path: str, engine: str, steady: int) -> dict[st
 
         t_import = time.perf_counter()
         sess = ort.InferenceSession(model_path, providers=["CPUExecutionProvider"])
-        t_session = time.perf_counter()
-        sess.run(None, feeds)
-        t_first = time.perf_counter()
-        times = []
-        for _ in range(steady):
-            t = time.perf_counter()
-            sess.run(None, feeds)
-            times.append(time.perf_counter() - t)
-        return {"import_s": t_import - t0, "session_s": t_session - t_import, "first_run_s": t_first - t_session,
-                "steady_s": statistics.median(times)}
+        return {"import_s": t_import - t0, **_runs(sess, feeds, t_import, steady)[0]}
     from onnx_quant.backend_wgpu import graph_plan, render  # noqa: PLC0415
     from onnx_quant.backend_wgpu.session import Session  # noqa: PLC0415
     import wgpu.backends.wgpu_native as native  # noqa: PLC0415
@@ -87,19 +92,12 @@ def child(model_path: str, feeds_path: str, engine: str, steady: int) -> dict[st
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         sess = Session(model_path)
-    t_session = time.perf_counter()
-    outputs = sess.run(None, feeds)
-    t_first = time.perf_counter()
-    times = []
-    for _ in range(steady):
-        t = time.perf_counter()
-        sess.run(None, feeds)
-        times.append(time.perf_counter() - t)
+    timing, outputs = _runs(sess, feeds, t_import, steady)
     cold = getattr(sess, "cold_start", None)
     import onnx_quant  # noqa: PLC0415
 
-    return {"package": onnx_quant.__file__, "import_s": t_import - t0, "session_s": t_session - t_import, "first_run_s": t_first - t_session,
-            "steady_s": statistics.median(times), **spent, "pipelines": sess.device.pipelines.compilations,
+    return {"package": onnx_quant.__file__, "import_s": t_import - t0, **timing, **spent,
+            "pipelines": sess.device.pipelines.compilations,
             "cold_start": cold.as_dict() if cold is not None else None,
             "output_sum": float(sum(float(np.asarray(o, np.float64).sum()) for o in outputs))}
 

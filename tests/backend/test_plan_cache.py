@@ -205,3 +205,20 @@ def test_an_expression_pickles_as_its_text_and_evaluates_the_same():
     assert back == e and back is not e and back.free_names == e.free_names == {"n"}
     env = expr.Env(shapes={"x": (7, 2)}, tunables={"tile": 8}, names={"n": 5})
     assert back.evaluate(env) == e.evaluate(env) == 6 + 8 + 5
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64, np.int8, np.uint8, np.int32, np.int64,
+                                   np.uint64, np.bool_])
+def test_a_plain_constant_is_read_without_onnx_reference_and_equals_it(dtype):
+    from onnx import helper, numpy_helper  # noqa: PLC0415
+    from onnx.reference import ReferenceEvaluator  # noqa: PLC0415
+
+    from onnx_quant.backend_wgpu.model_check import plain_constant  # noqa: PLC0415
+
+    value = (np.arange(6).reshape(2, 3) % 3).astype(dtype)
+    node = helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(value, "c"))
+    got = plain_constant(node)
+    graph = helper.make_graph([node], "g", [], [helper.make_tensor_value_info("c", 0, None)])
+    (expected,) = ReferenceEvaluator(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])).run(None, {})
+    assert got.dtype == expected.dtype and got.shape == expected.shape and got.tobytes() == expected.tobytes()
+    assert plain_constant(helper.make_node("Constant", [], ["f"], value_float=1.5)) is None
