@@ -349,21 +349,26 @@ def bench_one(name: str, model, feeds, *, device, repeat: int, timer: PhaseTimer
             row["pipelines_first_run"] = len(first_keys)
             submits0 = device.stats.submits
             dispatches0 = session.stats.dispatches
-            encode0, record0 = session.stats.host_encode_us, session.stats.host_record_us
             comp0 = device.pipelines.compilations
+            per_run: list[dict[str, Any]] = []
+
+            def one_run():
+                session.run(None, feeds)
+                per_run.append(dict(session.last_run_stats))
+
             timer.reset()
             timer.active = True
-            times = _times(lambda: session.run(None, feeds), repeat)
+            times = _times(one_run, repeat)
             timer.active = False
             n = len(times)
             row["gpu_ms"] = statistics.median(times) * 1e3
             row["runs"] = n
             row["submits_per_run"] = (device.stats.submits - submits0) / n
             row["dispatches_per_run"] = (session.stats.dispatches - dispatches0) / n
-            row["host_encode_us_per_dispatch"] = ((session.stats.host_encode_us - encode0)
-                                                  / max(1, session.stats.dispatches - dispatches0))
-            row["host_record_us_per_dispatch"] = ((session.stats.host_record_us - record0)
-                                                  / max(1, session.stats.dispatches - dispatches0))
+            # medians over the runs, as the raw floor's: a preempted run does not move them
+            for key in ("host_encode_us", "host_record_us"):
+                row[f"{key}_per_dispatch"] = statistics.median(r.get(key, 0.0) / max(1, r["dispatches"])
+                                                               for r in per_run)
             if model.graph.name == "chain":
                 row["raw_floor_us_per_dispatch"], row["raw_end_finish_us_per_dispatch"] = raw_call_floor_us(session)
             row["compilations_after_warmup"] = device.pipelines.compilations - comp0
