@@ -51,17 +51,18 @@ def _timed(owner: Any, name: str, bucket: dict[str, float], key: str) -> None:
 
 
 def _runs(sess: Any, feeds: dict, t_start: float, steady: int) -> tuple[dict[str, float], list]:
-    """Session (built since ``t_start``), first run and the median of ``steady`` more runs."""
-    t_session = time.perf_counter()
+    """Session (built since ``t_start``), first run (wall and this process's CPU seconds, all its
+    threads: what a loaded machine moves least) and the median of ``steady`` more runs."""
+    t_session, c_session = time.perf_counter(), time.process_time()
     outputs = sess.run(None, feeds)
-    t_first = time.perf_counter()
+    t_first, c_first = time.perf_counter(), time.process_time()
     times = []
     for _ in range(steady):
         t = time.perf_counter()
         sess.run(None, feeds)
         times.append(time.perf_counter() - t)
     return {"session_s": t_session - t_start, "first_run_s": t_first - t_session,
-            "steady_s": statistics.median(times)}, outputs
+            "first_run_cpu_s": c_first - c_session, "steady_s": statistics.median(times)}, outputs
 
 
 def child(model_path: str, feeds_path: str, engine: str, steady: int) -> dict[str, Any]:
@@ -195,6 +196,8 @@ def checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if "first_run_s" in v:
             out.append({"target": f"demo first run <= 1 s ({name})", "value": v["first_run_s"], "bound": 1.0,
                         "ok": v["first_run_s"] <= 1.0})
+            out.append({"target": f"demo first run <= 1 s, CPU seconds ({name})", "value": v["first_run_cpu_s"],
+                        "bound": 1.0, "ok": v["first_run_cpu_s"] <= 1.0})
     for name in ("this tree, empty plan cache", "this tree, second process (cache hit)"):
         v = by.get("dbnet", {}).get(name, {})
         if "session_s" in v:
@@ -217,7 +220,7 @@ def checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def markdown(result: dict[str, Any]) -> str:
     lines = [f"Medians over {result['rounds']} round(s) of fresh processes; steady = median of "
              f"{result['steady_runs']} runs after the first. Seconds.", "",
-             "| model | variant | import | session | first run | session + first | steady | plan | render "
+             "| model | variant | import | session | first run (CPU) | session + first | steady | plan | render "
              "| driver compiles (pipelines) | process |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in result["rows"]:
@@ -227,7 +230,7 @@ def markdown(result: dict[str, Any]) -> str:
                 continue
             compiles = f"{v['driver_compile_s']:.3f} ({v['pipelines']:.0f})" if "driver_compile_s" in v else ""
             lines.append(f"| {row['model']} | {name} | {v['import_s']:.3f} | {v['session_s']:.3f} | "
-                         f"{v['first_run_s']:.3f} | {v['session_s'] + v['first_run_s']:.3f} | {v['steady_s']:.4f} | "
+                         f"{v['first_run_s']:.3f} ({v['first_run_cpu_s']:.3f}) | {v['session_s'] + v['first_run_s']:.3f} | {v['steady_s']:.4f} | "
                          f"{_g(v, 'plan_s')} | {_g(v, 'render_s')} | {compiles} | {v['process_s']:.2f} |")
     lines += ["", "| target | figure | bound | met |", "|---|---:|---:|---|"]
     for c in result["checks"]:
