@@ -191,6 +191,11 @@ def test_the_installed_specs_are_kept_on_disk_and_read_back_equal(cache_root):
     (stored,) = (cache_root / "plans").rglob("specs-*.pickle")
     read = spec.load_specs()
     direct = spec.load_specs(spec.templates_dir())  # a folder named: never the disk copy
+    # read back one op at a time (unpickled on first use), then whole
+    assert read.ops() == direct.ops() and ("", "Conv") in read and ("", "NoSuchOp") not in read
+    for op, version in (("Conv", 22), ("QuantizeLinear", 13), ("Relu", 6)):
+        assert repr(read.find("", op, version)) == repr(direct.find("", op, version)) != "None"
+    assert read.find("", "NoSuchOp", 22) is None
     # repr: every field's value (two loads of the same files are not == : NaN defaults)
     assert read is not built and repr(list(read)) == repr(list(direct)) == repr(list(built)) and len(read) > 100
     stored.write_bytes(b"truncated")
