@@ -86,9 +86,10 @@ class PipelineCache:
         (a miss whose source another key already compiled reuses that pipeline). ``known``: the
         pass's (pipeline key, WGSL source) from the plan cache (plan_cache.py): neither keyed nor
         rendered again. :attr:`shaders` records every pass's (pipeline key, source) it saw."""
-        from .render import pipeline_key, render  # noqa: PLC0415
-
         t0 = time.perf_counter()
+        if known is None:  # render.py (and jinja2) load only when a pass has to be keyed or rendered
+            from .render import pipeline_key  # noqa: PLC0415
+
         pkey = known[0] if known is not None else pipeline_key(pass_plan)
         pass_key = (pkey, "main", key)
         hit = self._by_pass_key.get(pass_key)
@@ -97,6 +98,9 @@ class PipelineCache:
             self.render_s += time.perf_counter() - t0
             self.last_shader = (pkey, hit.source)
             return hit
+        if known is None:
+            from .render import render  # noqa: PLC0415
+
         source = known[1] if known is not None else render(pass_plan)
         self.renders += known is None
         self.render_s += time.perf_counter() - t0
