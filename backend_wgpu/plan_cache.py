@@ -4,11 +4,13 @@ and rendering for a model and input shapes some earlier process ran on the same 
 One file per plan in ``cache_dir.folder("plans")`` (``~/.cache/onnx-quant/plans/VERSION``; see
 onnx_quant/cache_dir.py), named by a SHA-256 over what the plan depends on: the project version and
 a digest of the installed code and kernel templates (their sizes and modification times: an
-edited checkout never reads what older code wrote), the device facts the compiler reads (adapter name, backend, limits, features), the
-model's content hash, the session options the compiler and the rewrites read, and the plan key
-(input shapes, and the contents of the inputs a plan is keyed on). The file holds a pickle of
-``graph_plan.Compiled`` (``plan.py``'s frozen data, numpy arrays, inference's values) and, per
-pass, its pipeline key and WGSL source.
+edited checkout never reads what older code wrote), the device facts the compiler reads (adapter
+name, backend, limits, features), the model's content hash, the session options the compiler and
+the rewrites read, and the plan key (input shapes; a plan keyed on input contents is not stored).
+The file holds a pickle of ``graph_plan.Compiled`` (``plan.py``'s frozen data, numpy arrays,
+inference's values) and, per pass, its pipeline key and WGSL source. Beside the plans, per code
+digest: the loaded registry of the installed kernel specs (:func:`load_or_store`) and what each
+template reads (:class:`TemplateReads`).
 
 Pickle runs code from the file it reads: the folder is the user's own (created ``0700``) and
 nothing else writes there, the same trust as the user's Python packages. An entry that cannot
@@ -191,14 +193,6 @@ class PlanStore:
             return False
         self.writes += 1
         return True
-
-
-def info() -> dict[str, Any]:
-    """What the cache holds now: its folder, entries and bytes (every version's)."""
-    base = cache_dir.root() / KIND
-    files = [p for p in base.rglob(f"*{_SUFFIX}") if not p.name.startswith(".tmp-")] if base.is_dir() else []
-    return {"folder": str(base), "entries": len(files), "bytes": sum(p.stat().st_size for p in files),
-            "enabled": enabled()}
 
 
 class TemplateReads:

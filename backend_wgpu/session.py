@@ -259,7 +259,7 @@ class Session:
         self.device = device if device is not None else get_device(adapter, limits=limits)
         self.cold_start.phase("device")
         # the on-disk plan cache (plan_cache.py), for the installed specs only
-        self._disk = PlanDisk(PlanStore.default() if plan_cache and self._specs is _specs() else None,
+        self._disk = PlanDisk(PlanStore.default() if plan_cache and self._specs is _SPECS else None,
                               self.source_model, self.device.info,
                               {"rewrites": (fold_batch_norm, fuse_qdq, fuse_dynamic, fuse_elementwise),
                                "tunables": repr(sorted(self._tunables.items())),
