@@ -213,6 +213,7 @@ def cmd_run(args) -> int:
     host = host_nodes(session)
     print(f"time: first run {first * 1e3:.2f} ms (plans, compiles, allocates), steady state "
           f"{steady * 1e3:.3f} ms ({submits} submit{'s' if submits != 1 else ''} per run)")
+    print(session.cold_start.line())
     print(f"host fallback: {', '.join(host) if host else 'none (every node ran on the GPU)'}")
     out_dir = getattr(args, "output_dir", None)
     if out_dir:
@@ -568,12 +569,13 @@ def cmd_profile(args) -> int:
         print(json.dumps({"device": session.device.info.name, "clock": prof.clock, "runs": len(prof.runs),
                           "dims": given.binding.values, "defaulted_dims": given.binding.defaulted,
                           "inputs": {k: list(v.shape) for k, v in feeds.items()},
-                          "nodes": prof.table()}, indent=2))
+                          "cold_start": session.cold_start.as_dict(), "nodes": prof.table()}, indent=2))
     else:
         print(f"device: {session.device.info.name}")
         if given.binding.dims_text():
             print(given.binding.dims_text())
         print(prof.format_table(args.top))
+        print(session.cold_start.line())
     if args.trace:
         path = prof.write_trace(args.trace)
         if not args.json:

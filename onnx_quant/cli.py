@@ -35,6 +35,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "profile": ("onnx_quant.backend_wgpu.commands", "cmd_profile", "per-node device times of a model's runs, Chrome trace"),
     "tune": ("onnx_quant.backend_wgpu.commands", "cmd_tune",
              "time the variants and tunables each node may take, cache the fastest exact per adapter"),
+    "cache": ("onnx_quant.cache_commands", "cmd_cache", "show or clear the on-disk caches (plans, WGSL, templates, tuning)"),
 }
 
 _ADAPTER_HELP = "adapter index or a substring of its name or backend (default: ONNX_QUANT_ADAPTER, else the best)"
@@ -178,6 +179,14 @@ def _conformance_args(p: argparse.ArgumentParser) -> None:
 @_arguments("demo")
 def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--adapter")
+
+
+@_arguments("cache")
+def _cache_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=["info", "clear"], help="info: where the caches are and what they hold; "
+                   "clear: remove them (every version; the downloaded model wheels stay)")
+    p.add_argument("--kind", help="clear only this cache (a folder name 'cache info' lists: plans, jinja, ...)")
+    p.add_argument("--json", action="store_true")
 
 
 #: options many subcommands share: the help an option gets where its subcommand gives none
