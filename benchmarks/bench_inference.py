@@ -4,6 +4,7 @@ symbolic shape inference, on quantized models of about 1k to 8k nodes.
     python benchmarks/bench_inference.py [--sizes 1000,2000,4000,8000] [--repeat 5]
                                          [--models cnn-qdq,mlp-dynamic,...] [--json]
     python benchmarks/bench_inference.py --exported [--order rounds]   # real architectures
+    python benchmarks/bench_inference.py --exported --real   # and the real-model tier (onnx_quant.real_models)
     python benchmarks/bench_inference.py --decoders [--sizes 500,5000]  # decoder graphs, KV cache
     python benchmarks/bench_inference.py --scale 32,64,128,256,476     # 100k nodes, time and peak RSS
 
@@ -67,6 +68,7 @@ import onnxruntime
 
 from onnx_quant import decoder_models, exported_models, inference
 from onnx_quant import model_zoo
+from onnx_quant import real_models
 
 #: name -> (family, format, per_channel, builder arguments): realistic widths, small enough
 #: that the 8k-node models stay a few tens of MB
@@ -78,6 +80,9 @@ MODELS = {
 }
 #: real-architecture models (``onnx_quant.exported_models``), each at its own size: exported:<model>-<form>
 EXPORTED = [f"exported:{name}-{form}" for name in exported_models.MODELS for form in exported_models.FORMS]
+#: the real-model tier (``onnx_quant.real_models``: models shipped in pinned wheels, as shipped and
+#: quantized), value_info stripped: real:<model>-<form>
+REAL = [f"real:{name}-{form}" for name, form in real_models.CASES]
 #: decoders with a KV cache (``onnx_quant.decoder_models``), sized by layers: decoder:<style>-<form>
 DECODERS = [f"decoder:{style}-{form}" for style in decoder_models.STYLES for form in decoder_models.FORMS]
 
@@ -92,6 +97,10 @@ def build(name: str, nodes: int) -> onnx.ModelProto:
     if name in MODELS:
         family, fmt, per_channel, kw = MODELS[name]
         return model_zoo.sized(family, fmt, nodes, per_channel=per_channel, **kw)
+    if name.startswith("real:"):
+        model = real_models.load(*name.removeprefix("real:").rsplit("-", 1))
+        del model.graph.value_info[:]
+        return model
     if name in DECODERS:
         style, form = name.removeprefix("decoder:").split("-")
         layers = decoder_models.layers_for(style, form, nodes)
@@ -327,6 +336,15 @@ def growth(rows: list[dict]) -> list[str]:
     return out
 
 
+def ratio_summary(rows: list[dict]) -> list[str]:
+    """ours/onnx over the rows: median and worst (issue 24's goal: median <= 1.5, none above 3)."""
+    ratios = sorted((r["ours_s"] / r["onnx_s"], r["model"]) for r in rows if r["ours_s"] and r["onnx_s"])
+    if not ratios:
+        return []
+    return [f"ours/onnx over {len(ratios)} models: median {statistics.median(x for x, _ in ratios):.2f}, "
+            f"worst {ratios[-1][0]:.2f} ({ratios[-1][1]}), {sum(x > 3 for x, _ in ratios)} above 3"]
+
+
 def machine() -> str:
     import importlib.metadata  # noqa: PLC0415
 
@@ -462,6 +480,7 @@ def main(argv=None) -> int:
                    help=f"comma-separated, of {', '.join(MODELS)} and the exported models exported:<model>-<form> "
                         f"({', '.join(exported_models.MODELS)}; {', '.join(exported_models.FORMS)})")
     p.add_argument("--exported", action="store_true", help="every exported model instead of --models (--sizes unused)")
+    p.add_argument("--real", action="store_true", help="every model of the real-model tier (with --exported: both)")
     p.add_argument("--decoders", action="store_true", help="every decoder model (decoder:<style>-<form>) at --sizes")
     p.add_argument("--scale", metavar="LAYERS", help="comma-separated layer counts of the Llama-3-8B-wide decoder "
                                                      "with external weights: time and peak memory per tool")
@@ -486,9 +505,10 @@ def main(argv=None) -> int:
     logging.getLogger("onnxruntime").setLevel(logging.CRITICAL)
     try:
         sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
-        names = EXPORTED if args.exported else DECODERS if args.decoders else \
+        names = EXPORTED if args.exported else DECODERS if args.decoders else [] if args.real else \
             [m.strip() for m in args.models.split(",") if m.strip()]
-        unknown = [m for m in names if m not in MODELS and m not in EXPORTED and m not in DECODERS]
+        names = names + (REAL if args.real else [])
+        unknown = [m for m in names if m not in MODELS and m not in EXPORTED and m not in DECODERS and m not in REAL]
         layer_counts = [int(x) for x in args.scale.split(",") if x.strip()] if args.scale else []
         scale_tools = [t.strip() for t in args.scale_tools.split(",") if t.strip()]
         if args.scale and (f"decoder:{args.scale_model}" not in DECODERS or any(n <= 0 for n in layer_counts)
@@ -517,7 +537,7 @@ def main(argv=None) -> int:
         return 0
     rows = []
     for name in names:
-        for size in sizes if name not in EXPORTED else sizes[:1]:  # an exported model has one size
+        for size in sizes if name not in EXPORTED and name not in REAL else sizes[:1]:  # these have one size
             row = measure(name, size, args.repeat, args.ort_repeat, args.order)
             rows.append(row)
             if not args.json:
@@ -531,7 +551,7 @@ def main(argv=None) -> int:
         return 0
     print(f"date {datetime.date.today().isoformat()}; {machine()}; clock: {args.clock}; order: {args.order}; "
           f"peers missing: {', '.join(missing) or 'none'}")
-    for line in table(rows) + [""] + growth(rows):
+    for line in table(rows) + [""] + growth(rows) + ratio_summary(rows):
         print(line)
     return 0
 

@@ -56,6 +56,9 @@ def _infer_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="path to an .onnx file, or 'example' for the built-in example")
     p.add_argument("-o", "--output", help="write the model with inferred value_info here")
     p.add_argument("--strict", action="store_true", help="stop at the first violation")
+    p.add_argument("--runtime", action="store_true",
+                   help="type the graph outputs as the graph computes them, where a declaration contradicts it "
+                        "(what a runtime allocates), instead of keeping the declared type")
 
 
 @_arguments("check")
