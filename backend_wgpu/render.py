@@ -31,9 +31,10 @@ from typing import Any, Mapping
 
 import jinja2
 
+from onnx_quant import cache_dir
 from onnx_quant.errors import DeviceError
 
-from . import resize_taps, uniforms
+from . import plan_cache, resize_taps, uniforms
 from .einsum import einsum_plan
 from .plan import BindingPlan, PassPlan
 from .spec_loader import templates_dir
@@ -70,10 +71,22 @@ def _rounded(value: float, dtype: str) -> float:
     return float(np.array([value], np.float64).astype(etype(dtype).dtype)[0])
 
 
+def _bytecode_cache() -> jinja2.BytecodeCache | None:
+    """Jinja's own on-disk cache of compiled templates (keyed by name and source checksum), under
+    the cache root beside the plans; None where the plan cache is off or the folder cannot be made."""
+    if not plan_cache.enabled():
+        return None
+    try:
+        return jinja2.FileSystemBytecodeCache(str(cache_dir.folder("jinja")))
+    except OSError:
+        return None
+
+
 @functools.lru_cache(maxsize=None)
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
+        bytecode_cache=_bytecode_cache(),
         undefined=jinja2.StrictUndefined,
         autoescape=False,
         keep_trailing_newline=True,
@@ -145,7 +158,20 @@ def _render_context(pass_plan: PassPlan) -> dict[str, Any]:
 def pipeline_key(pass_plan: PassPlan) -> tuple:
     """The pass's pipeline key, computed without rendering (``uniforms.pipeline_key``): the
     template and the values of the context names it reads, runtime uniforms by name and type only."""
-    return uniforms.pipeline_key(environment(), pass_plan.shader, _render_context(pass_plan))
+    return uniforms.pipeline_key(environment(), pass_plan.shader, _render_context(pass_plan),
+                                 _template_reads(pass_plan.shader))
+
+
+_READS = plan_cache.TemplateReads()
+
+
+def _template_reads(template: str) -> frozenset[str] | None:
+    """What ``template`` reads: from the disk (plan_cache.TemplateReads), else found and stored."""
+    known, reads = _READS.get(template)
+    if not known:
+        reads = uniforms.template_reads(environment(), template)
+        _READS.put(template, reads)
+    return reads
 
 
 def render(pass_plan: PassPlan) -> str:
