@@ -1,6 +1,7 @@
 """Float and com.microsoft kernels: each variant beside numpy and onnxruntime CPU, one run.
 
     python benchmarks/bench_float_kernels.py [--repeat 5] [--adapter vulkan] [--only MatMul,Conv] [--json]
+    python benchmarks/bench_float_kernels.py --yolo [--image 320] [--repeat 7]
 
 For each case a one-node model is planned (shapes from inference.infer_values, the spec from
 the registry), every variant that applies is forced and timed end to end with
@@ -8,6 +9,13 @@ executor.run_plan (upload, one submit, mapped read-back), after one warm-up run 
 and allocates; onnxruntime runs the same model and numpy the same math where it has it. Every
 variant's output is checked against the first one (bit-identical) before timing. Figures are
 in docs/benchmarks.md ("Float and com.microsoft kernels").
+
+``--yolo``: every Conv layer of the exported YOLO head (onnx_quant/exported_models.py) at
+1x3xIxI, each float Conv variant forced and the one the static rules choose, beside QLinearConv
+of the same geometry (uint8 x, int8 w, the variant its rules choose) and onnxruntime CPU's float
+Conv, in one process: kernel times from the GPU's timestamps through a profiled Session (best of
+--repeat, benchmarks/roofline.py's node_seconds), and the float / quantized ratio. Figures in
+docs/benchmarks.md ("Float Conv through the GEMM").
 """
 
 from __future__ import annotations
@@ -113,13 +121,67 @@ def cases():
                                                                opset=13), dict(ins), None)
 
 
+FLOAT_CONV_VARIANTS = ("direct", "direct_oc4", "implicit_gemm", "im2col_gemm")
+
+
+def yolo_layers(dev, image: int, repeat: int) -> list[dict]:
+    """The YOLO head's Conv layers: float Conv per variant and as chosen, QLinearConv as chosen."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import roofline
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for layer in roofline.conv_layers("yolo_head", {"images": (1, 3, image, image)}):
+        model, feeds = roofline.float_conv(layer, rng)
+        row = {"layer": roofline.conv_label(layer), "macs": layer["macs"], "variants_ms": {}}
+        force = {"Conv": {"TILED_MIN_MACS": 0}}
+        for v in FLOAT_CONV_VARIANTS:
+            if v == "direct_oc4" and (layer["w"][0] // layer["attrs"].get("group", 1)) % 4:
+                continue
+            t = roofline.node_seconds(dev, model, feeds, "Conv", repeat, variants={"Conv": v}, tunables=force)
+            row["variants_ms"][v] = t["s"] * 1e3
+        chosen = roofline.node_seconds(dev, model, feeds, "Conv", repeat)
+        qmodel, qfeeds = roofline.qlinear_conv(layer, rng)
+        quant = roofline.node_seconds(dev, qmodel, qfeeds, "QLinearConv", repeat)
+        t_ort = roofline.ort_seconds(model, feeds, repeat)
+        row.update(float_variant=chosen["variant"], float_ms=chosen["s"] * 1e3, quant_variant=quant["variant"],
+                   quant_ms=quant["s"] * 1e3, ratio=chosen["s"] / quant["s"], ort_ms=t_ort * 1e3)
+        rows.append(row)
+        print(f"{row['layer']}: float {row['float_variant']} {row['float_ms']:.3f} ms, QLinearConv "
+              f"{row['quant_variant']} {row['quant_ms']:.3f} ms", file=sys.stderr, flush=True)
+    return rows
+
+
+def print_yolo(rows: list[dict], device: str) -> None:
+    print(f"device: {device}\n")
+    print("| layer | MACs | " + " | ".join(f"{v} ms" for v in FLOAT_CONV_VARIANTS)
+          + " | float chosen | QLinearConv chosen | float / quantized | onnxruntime CPU ms |")
+    print("|---|---:|" + "---:|" * len(FLOAT_CONV_VARIANTS) + "---|---|---:|---:|")
+    for r in rows:
+        cells = " | ".join(f"{r['variants_ms'][v]:.3f}" if v in r["variants_ms"] else "" for v in FLOAT_CONV_VARIANTS)
+        print(f"| {r['layer']} | {r['macs']:,} | {cells} | {r['float_variant']} {r['float_ms']:.3f} | "
+              f"{r['quant_variant']} {r['quant_ms']:.3f} | {r['ratio']:.2f} | {r['ort_ms']:.3f} |")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--adapter")
     ap.add_argument("--only", help="comma-separated case name prefixes")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--yolo", action="store_true", help="the YOLO head's Conv layers, float beside quantized")
+    ap.add_argument("--image", type=int, default=320, help="--yolo: the image size")
     args = ap.parse_args(argv)
+    if args.yolo:
+        from onnx_quant.backend_wgpu.device import get_device
+
+        dev = get_device(args.adapter)
+        rows = yolo_layers(dev, args.image, args.repeat)
+        if args.json:
+            print(json.dumps({"device": dev.info.name, "yolo": rows}, indent=2))
+        else:
+            print_yolo(rows, dev.info.name)
+        return 0
     import onnxruntime as ort
 
     from onnx_quant.backend_wgpu.device import get_device

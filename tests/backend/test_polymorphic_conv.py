@@ -1,6 +1,6 @@
 """The conv family takes the batch size as a runtime uniform (issue #11; backend_wgpu/uniforms.py):
 QLinearConv and ConvInteger (every variant), DynamicQuantizeConv (fused, two_pass),
-ConvIntegerToFloat, float Conv and FusedConv (direct, direct_oc4) run at batch 1 then 3 from a
+ConvIntegerToFloat, float Conv and FusedConv (direct, direct_oc4, implicit_gemm, im2col_gemm) run at batch 1 then 3 from a
 cold pipeline cache: the second batch compiles none of the kernel's pipelines, and both outputs
 agree with the oracle (onnx.reference bit for bit for integer outputs; onnxruntime with its
 optimizations off bit for bit for the dynamic-quantization units; onnx.reference within float
@@ -108,11 +108,12 @@ def test_dynamic_conv_units_compile_once_for_two_batch_sizes(dev, kernel, varian
 
 
 @pytest.mark.parametrize("kernel", ["Conv", "FusedConv"])
-@pytest.mark.parametrize("variant", ["direct", "direct_oc4"])
+@pytest.mark.parametrize("variant", ["direct", "direct_oc4", "implicit_gemm", "im2col_gemm"])
 def test_float_conv_compiles_once_for_two_batch_sizes(dev, kernel, variant):
     model = _float_conv_model(relu=kernel == "FusedConv")
     feeds = _batches(lambda rng, n: {"x": rng.standard_normal([n, 3, 6, 7]).astype(F32)})
-    outs, compiled = _run_twice(dev, model, feeds, kernel, variant)
+    # the GEMM variants are chosen from TILED_MIN_MACS multiply-adds: this conv is smaller
+    outs, compiled = _run_twice(dev, model, feeds, kernel, variant, tunables={kernel: {"TILED_MIN_MACS": 0}})
     assert not compiled[1] and compiled[0]  # Conv + Relu is one FusedConv node
     ref = ReferenceEvaluator(model)
     for got, f in zip(outs, feeds):

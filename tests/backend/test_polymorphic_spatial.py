@@ -35,9 +35,9 @@ def _model(nodes, inputs, outputs, inits=(), opset=17):
 pytestmark = pytest.mark.devices("best")  # dev: the default adapter only (conftest's default adds OpenGL)
 
 
-def _run_two_sizes(dev, model, feeds_list, kernel, variant=None):
+def _run_two_sizes(dev, model, feeds_list, kernel, variant=None, **session_kw):
     """Outputs at each input size (cold cache first), and the labels of the pipelines each run compiled."""
-    outs, compiled = runs_from_a_cold_cache(dev, model, feeds_list, kernel=kernel, variant=variant)
+    outs, compiled = runs_from_a_cold_cache(dev, model, feeds_list, kernel=kernel, variant=variant, **session_kw)
     assert compiled[0], "the first size compiled nothing: the cache was not cold"
     return outs, compiled
 
@@ -120,11 +120,11 @@ def test_dynamic_conv_units_compile_once_for_two_image_sizes(dev, kernel, varian
 # ----------------------------------------------------------------------------- float Conv, FusedConv, ConvTranspose
 
 @pytest.mark.parametrize("kernel", ["Conv", "FusedConv"])
-@pytest.mark.parametrize("variant", ["direct", "direct_oc4"])
+@pytest.mark.parametrize("variant", ["direct", "direct_oc4", "implicit_gemm", "im2col_gemm"])
 def test_float_conv_compiles_once_for_two_image_sizes(dev, kernel, variant):
     model = _float_conv_model(kernel == "FusedConv", HW, pads=[1, 1, 1, 1], strides=[1, 2], dilations=[2, 1])
     feeds = _images(3, [(6, 7), (9, 12)], F32, seed=6)
-    outs, compiled = _run_two_sizes(dev, model, feeds, kernel, variant)
+    outs, compiled = _run_two_sizes(dev, model, feeds, kernel, variant, tunables={kernel: {"TILED_MIN_MACS": 0}})
     assert not compiled[1]  # Conv + Relu is one FusedConv node
     _assert_close(outs, model, feeds)
 

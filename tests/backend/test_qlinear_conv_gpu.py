@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
+from support.conv_cases import conv_geometries
 from support.gpu import assert_node_cases_every_variant, gpu_device, gpu_examples, skip_unless_ci
 from support.models import value_info_of
 from support.oracles import assert_bits
@@ -155,47 +156,13 @@ def _q(rng, dtype, shape):
 @st.composite
 def conv_case(draw):
     rng = np.random.default_rng(draw(st.integers(0, 2**31)))
-    nsp = draw(st.sampled_from([1, 2, 2, 3]))
-    n = draw(st.sampled_from([1, 1, 2]))
-    depthwise = draw(st.integers(0, 3)) == 0
-    if depthwise:
-        c = draw(st.sampled_from([1, 3, 4]))
-        group, cg, mg = c, 1, draw(st.sampled_from([1, 2]))
-    else:
-        group = draw(st.sampled_from([1, 1, 2, 3]))
-        cg = draw(st.sampled_from([1, 2, 3, 5]))
-        mg = draw(st.sampled_from([1, 2, 3, 5, 8]))
-    m = group * mg
-    max_in = {1: 9, 2: 7, 3: 4}[nsp]
-    k = [draw(st.integers(1, 3)) for _ in range(nsp)]
-    strides = [draw(st.integers(1, 2)) for _ in range(nsp)]
-    dil = [draw(st.integers(1, 2)) for _ in range(nsp)]
-    auto = draw(st.sampled_from(["NOTSET", "NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"]))
-    pads_b = [draw(st.integers(0, 2)) for _ in range(nsp)] if auto == "NOTSET" else [0] * nsp
-    pads_e = [draw(st.integers(0, 2)) for _ in range(nsp)] if auto == "NOTSET" else [0] * nsp
-    ins = []
-    for i in range(nsp):
-        ek = (k[i] - 1) * dil[i] + 1
-        lo = 1 if auto.startswith("SAME") else max(1, ek - pads_b[i] - pads_e[i])
-        ins.append(draw(st.integers(lo, max(lo, max_in))))
-    attrs = {}
-    if auto != "NOTSET" or draw(st.booleans()):
-        attrs["auto_pad"] = auto
-    if any(s != 1 for s in strides) or draw(st.booleans()):
-        attrs["strides"] = strides
-    if any(d != 1 for d in dil) or draw(st.booleans()):
-        attrs["dilations"] = dil
-    if auto == "NOTSET" and (any(pads_b + pads_e) or draw(st.booleans())):
-        attrs["pads"] = pads_b + pads_e
-    if group != 1 or draw(st.booleans()):
-        attrs["group"] = group
-    if draw(st.booleans()):
-        attrs["kernel_shape"] = k
+    geo = draw(conv_geometries())
+    m, attrs, nsp = geo.m, geo.attrs, geo.nsp
     tx, tw, ty = (np.dtype(draw(st.sampled_from([np.int8, np.uint8]))) for _ in range(3))
     per_channel = draw(st.booleans())
     ps = (m,) if per_channel else draw(st.sampled_from([(), (1,)]))
-    x = _q(rng, tx, (n, group * cg, *ins))
-    w = _q(rng, tw, (m, cg, *k))
+    x = _q(rng, tx, geo.x_shape)
+    w = _q(rng, tw, geo.w_shape)
     f = {"x": x, "x_scale": np.array(rng.uniform(0.01, 0.05), np.float32), "x_zero_point": _q(rng, tx, ()),
          "w": w, "w_scale": rng.uniform(0.002, 0.02, ps).astype(np.float32), "w_zero_point": _q(rng, tw, ps),
          "y_scale": np.array(rng.uniform(0.05, 0.5), np.float32), "y_zero_point": _q(rng, ty, ())}
