@@ -656,7 +656,8 @@ def _plan_pass(spec: KernelSpec, variant: Variant, p: Pass, env_v: Env, top: Map
         "present": dict(present or {}),
         "values": {k: list(v) for k, v in env_v.values.items()},
     }
-    return PassPlan(p.id, p.name, p.shader, context, tuple(bindings), (dispatch[0], dispatch[1], dispatch[2]))
+    return PassPlan(p.id, p.name, p.shader, context, tuple(bindings), (dispatch[0], dispatch[1], dispatch[2]),
+                    spec.directory or None)
 
 
 def _plan_uniforms(p: Pass, names: Sequence[str], derived: Mapping[str, Any], bindings: Sequence[BindingPlan],

@@ -592,12 +592,13 @@ class _Loader:
         sp = Path(shader)
         if sp.is_absolute() or ".." in sp.parts or "\\" in shader:
             raise self.err(f"{fld}.shader", f"{shader!r} must be a relative path inside the templates folder")
+        folders = list(dict.fromkeys([self.dir, templates_dir()]))  # the spec's folder, then the installed one
         try:
-            exists = (self.dir / sp).is_file()
+            exists = any((d / sp).is_file() for d in folders)
         except (OSError, ValueError) as e:
             raise self.err(f"{fld}.shader", f"unusable shader path: {e.__class__.__name__}") from None
         if not exists:
-            raise self.err(f"{fld}.shader", f"shader file {shader!r} not found in {self.dir}")
+            raise self.err(f"{fld}.shader", f"shader file {shader!r} not found in {' or '.join(map(str, folders))}")
         pname = self.string(d["name"], f"{fld}.name") if "name" in d else pid
         pderive = self.derive(d.get("derive", {}), f"{fld}.derive", vscope, v_defined)
         pscope = vscope.with_names(pderive.names)

@@ -107,6 +107,21 @@ class BudgetError(ExecutionError):
     that cannot be an allocation (a negative dim): names the node or tensor, bytes and budget."""
 
 
+class IndexRangeError(ExecutionError, IndexError):
+    """A runtime index (a Gather / GatherElements / GatherND / Scatter* index, a label, a
+    position id) outside the range its input allows, which ONNX makes an error: found by the
+    kernel on the device (its per-run error buffer, read back with the outputs) or by the host
+    run, before any output is returned. Also a builtin ``IndexError`` (``except IndexError``
+    catches it). ``node``, ``input`` (the node's input, as named in the model), ``index`` and
+    ``bound`` (the axis length: the range is [-bound, bound)) are set when the device found it;
+    the CLI exits 2 (bad input)."""
+
+    def __init__(self, message: str, *, node: str | None = None, input: str | None = None,
+                 index: int | None = None, bound: int | None = None) -> None:
+        self.node, self.input, self.index, self.bound = node, input, index, bound
+        super().__init__(message)
+
+
 class QuantWarning(UserWarning):
     """Base of every warning onnx-quant issues on purpose."""
 
