@@ -22,6 +22,7 @@ from onnx import numpy_helper
 from onnx_quant.dtypes import UnknownElementType, element_type
 from onnx_quant.errors import ExecutionError, ExpressionError, KernelRejected, SpecError
 
+from . import index_check
 from .device_info import WEBGPU_DEFAULT_LIMITS, DeviceInfo
 from .expr import Env, Expr, evaluate_value, type_name
 from .packing import device_nbytes
@@ -635,6 +636,15 @@ def _plan_pass(spec: KernelSpec, variant: Variant, p: Pass, env_v: Env, top: Map
                                  f"{UNIFORM_VAR}), more than the device limit maxUniformBuffersPerShaderStage = "
                                  f"{limits['maxUniformBuffersPerShaderStage']}")
 
+    checked = [n for n in spec.index_checks if (present or {}).get(n, True)
+               and any(b.role == "input" and b.resource == n for b in p.bindings)]
+    if checked:  # the error buffer and the node's id (backend_wgpu/index_check.py)
+        bindings += index_check.pass_bindings(p.id, max((b.index for b in bindings), default=-1) + 1, buffers)
+        if n_storage + 1 > limits["maxStorageBuffersPerShaderStage"]:
+            raise ExecutionError(f"{pw}: binds {n_storage + 1} storage buffers (one of them the index checks' "
+                                 f"{index_check.ERRORS_VAR}), more than the device limit "
+                                 f"maxStorageBuffersPerShaderStage = {limits['maxStorageBuffersPerShaderStage']}")
+
     binding_dicts = [
         {"index": bp.index, "var_name": bp.var_name, "access": bp.access, "element_type": bp.element_type,
          "length": bp.length, "struct": [list(m) for m in bp.struct] if bp.struct is not None else None}
@@ -655,6 +665,7 @@ def _plan_pass(spec: KernelSpec, variant: Variant, p: Pass, env_v: Env, top: Map
         "dtypes": dict(io_types or {}),
         "present": dict(present or {}),
         "values": {k: list(v) for k, v in env_v.values.items()},
+        "index_checks": checked,
     }
     return PassPlan(p.id, p.name, p.shader, context, tuple(bindings), (dispatch[0], dispatch[1], dispatch[2]),
                     spec.directory or None)

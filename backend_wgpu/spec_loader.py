@@ -32,7 +32,8 @@ from .spec_model import (
 # --------------------------------------------------------------------------- loading
 
 _TOP_KEYS = {"domain", "name", "sinceVersion", "untilVersion", "inputs", "outputs", "typeConstraints",
-             "tunables", "derive", "bindings", "variants", "description", "attributes", "uniforms"}
+             "tunables", "derive", "bindings", "variants", "description", "attributes", "uniforms",
+             "indexChecks"}
 _TOP_REQUIRED = {"name", "sinceVersion", "inputs", "outputs", "typeConstraints", "variants"}
 _IO_KEYS = {"dtype", "rank", "shape", "optional", "constant"}
 _ATTRIBUTE_KEYS = {"default", "required", "description", "fixed"}
@@ -443,7 +444,16 @@ class _Loader:
             variants=tuple(variants), path=self.file, directory=str(self.dir), description=description,
             attributes=attributes, until_version=until,
             uniforms=self.uniform_names(top.get("uniforms", []), "uniforms"),
+            index_checks=self.index_checks(top.get("indexChecks", []), inputs),
         )
+
+    def index_checks(self, v: Any, inputs: Mapping[str, Any]) -> tuple[str, ...]:
+        """``indexChecks``: the inputs whose runtime values the kernel's passes check (docs/kernel-spec.md)."""
+        names = tuple(self.ident(n, f"indexChecks[{i}]", "input") for i, n in enumerate(self.array(v, "indexChecks")))
+        for i, n in enumerate(names):
+            if n not in inputs:
+                raise self.err(f"indexChecks[{i}]", f"{n!r} is not an input of the kernel{suggest(n, inputs)}")
+        return names
 
     def attribute_default(self, v: Any, fld: str) -> Any:
         """A JSON attribute default: int, float, string or a non-empty-or-empty list of numbers."""

@@ -16,7 +16,7 @@ DEFAULT_DOMAIN = "ai.onnx"
 #: Keys the planner puts into every pass's template context; derived names may not use them.
 CONTEXT_KEYS = frozenset({
     "kernel", "variant", "pass_id", "tunables", "bindings", "binding", "features", "workgroup_size",
-    "attrs", "dtypes", "present", "values",
+    "attrs", "dtypes", "present", "values", "index_checks",
 })
 
 #: The ``buffer`` key of a binding -> BindingPlan.access.
@@ -248,6 +248,9 @@ class KernelSpec:
     until_version: int | None = None
     #: derived values every pass's template gets as runtime uniforms (backend_wgpu/uniforms.py)
     uniforms: tuple[str, ...] = ()
+    #: inputs whose runtime values (indices) the passes that bind them check on the device
+    #: (index_check.py: the error buffer, the node's id, the read-back)
+    index_checks: tuple[str, ...] = ()
 
     @property
     def io(self) -> dict[str, TensorDecl]:

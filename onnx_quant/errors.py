@@ -122,6 +122,15 @@ class IndexRangeError(ExecutionError, IndexError):
         super().__init__(message)
 
 
+def in_context(cause: QuantError, text: str) -> ExecutionError:
+    """``text`` (the cause's message with the outer node named) as an error of the cause's
+    bad-input class where it has one (IndexRangeError, BudgetError: the CLI's exit 2), else a
+    plain ExecutionError: how a body session's (If / Loop / Scan, NonZero's region) error leaves it."""
+    if isinstance(cause, IndexRangeError):
+        return IndexRangeError(text, node=cause.node, input=cause.input, index=cause.index, bound=cause.bound)
+    return BudgetError(text) if isinstance(cause, BudgetError) else ExecutionError(text)
+
+
 class QuantWarning(UserWarning):
     """Base of every warning onnx-quant issues on purpose."""
 
