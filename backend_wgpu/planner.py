@@ -426,6 +426,11 @@ def plan_node(
         if pp is not None:
             passes.append(pp)
 
+    # 6. the check pass of the indexChecks inputs, first (backend_wgpu/index_check.py)
+    check = index_check.check_pass(spec.name, chosen.id, _index_checks(spec, env_v, io_types, present, vwhere), buffers)
+    if check is not None:
+        passes.insert(0, check)
+
     return NodePlan(
         kernel=spec.name, variant=chosen.id, derived={**top, **vvals}, buffers=buffers,
         passes=tuple(passes), selection=selection, node=node_label,
@@ -636,15 +641,6 @@ def _plan_pass(spec: KernelSpec, variant: Variant, p: Pass, env_v: Env, top: Map
                                  f"{UNIFORM_VAR}), more than the device limit maxUniformBuffersPerShaderStage = "
                                  f"{limits['maxUniformBuffersPerShaderStage']}")
 
-    checked = [n for n in spec.index_checks if (present or {}).get(n, True)
-               and any(b.role == "input" and b.resource == n for b in p.bindings)]
-    if checked:  # the error buffer and the node's id (backend_wgpu/index_check.py)
-        bindings += index_check.pass_bindings(p.id, max((b.index for b in bindings), default=-1) + 1, buffers)
-        if n_storage + 1 > limits["maxStorageBuffersPerShaderStage"]:
-            raise ExecutionError(f"{pw}: binds {n_storage + 1} storage buffers (one of them the index checks' "
-                                 f"{index_check.ERRORS_VAR}), more than the device limit "
-                                 f"maxStorageBuffersPerShaderStage = {limits['maxStorageBuffersPerShaderStage']}")
-
     binding_dicts = [
         {"index": bp.index, "var_name": bp.var_name, "access": bp.access, "element_type": bp.element_type,
          "length": bp.length, "struct": [list(m) for m in bp.struct] if bp.struct is not None else None}
@@ -665,10 +661,22 @@ def _plan_pass(spec: KernelSpec, variant: Variant, p: Pass, env_v: Env, top: Map
         "dtypes": dict(io_types or {}),
         "present": dict(present or {}),
         "values": {k: list(v) for k, v in env_v.values.items()},
-        "index_checks": checked,
     }
     return PassPlan(p.id, p.name, p.shader, context, tuple(bindings), (dispatch[0], dispatch[1], dispatch[2]),
                     spec.directory or None)
+
+
+def _index_checks(spec: KernelSpec, env: Env, io_types: Mapping[str, str], present: Mapping[str, bool],
+                  where: str) -> list[tuple]:
+    """The present ``indexChecks`` inputs: (check, ordinal, variable, dtype, element count, bounds, ignore)."""
+    out = []
+    for k, c in enumerate(spec.index_checks):
+        if present.get(c.input):
+            f = f"indexChecks.{c.input}"
+            out.append((c, k + 1, c.input, io_types[c.input], math.prod(env.shapes[c.input]),
+                        _eval(c.bounds, env, where, f"{f}.bounds"),
+                        None if c.ignore is None else _eval(c.ignore, env, where, f"{f}.ignore")))
+    return out
 
 
 def _plan_uniforms(p: Pass, names: Sequence[str], derived: Mapping[str, Any], bindings: Sequence[BindingPlan],

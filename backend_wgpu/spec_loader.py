@@ -24,7 +24,8 @@ from onnx_quant.errors import ExpressionError, SpecError
 from . import spec_versions
 from .expr import RESERVED_NAMES, Expr, Scope, Value, suggest
 from .spec_model import (
-    ACCESS_BY_BUFFER, CONTEXT_KEYS, DEFAULT_DOMAIN, AttributeDecl, BindingDecl, Derive, Intermediate, KernelSpec,
+    ACCESS_BY_BUFFER, CONTEXT_KEYS, DEFAULT_DOMAIN, AttributeDecl, BindingDecl, Derive, IndexCheck, Intermediate,
+    KernelSpec,
     Pass, PassBinding, StructMember, TensorDecl, Tunable, Variant, wgsl_type_layout,
 )
 
@@ -444,16 +445,22 @@ class _Loader:
             variants=tuple(variants), path=self.file, directory=str(self.dir), description=description,
             attributes=attributes, until_version=until,
             uniforms=self.uniform_names(top.get("uniforms", []), "uniforms"),
-            index_checks=self.index_checks(top.get("indexChecks", []), inputs),
+            index_checks=self.index_checks(top.get("indexChecks", {}), inputs, top_scope),
         )
 
-    def index_checks(self, v: Any, inputs: Mapping[str, Any]) -> tuple[str, ...]:
-        """``indexChecks``: the inputs whose runtime values the kernel's passes check (docs/kernel-spec.md)."""
-        names = tuple(self.ident(n, f"indexChecks[{i}]", "input") for i, n in enumerate(self.array(v, "indexChecks")))
-        for i, n in enumerate(names):
-            if n not in inputs:
-                raise self.err(f"indexChecks[{i}]", f"{n!r} is not an input of the kernel{suggest(n, inputs)}")
-        return names
+    def index_checks(self, v: Any, inputs: Mapping[str, Any], scope: Scope) -> tuple[IndexCheck, ...]:
+        """``indexChecks``: input -> {bounds, fromZero, ignore} (docs/kernel-spec.md)."""
+        d = self.obj(v, "indexChecks", set(inputs))
+        out = []
+        for name, decl in d.items():
+            f = f"indexChecks.{name}"
+            c = self.obj(decl, f, {"bounds", "fromZero", "ignore"}, {"bounds"})
+            from_zero = c.get("fromZero", False)
+            if not isinstance(from_zero, bool):
+                raise self.err(f"{f}.fromZero", f"expected true or false, found {_json_type(from_zero)}")
+            ignore = self.expr(c["ignore"], f"{f}.ignore", scope) if "ignore" in c else None
+            out.append(IndexCheck(name, self.expr(c["bounds"], f"{f}.bounds", scope), from_zero, ignore))
+        return tuple(out)
 
     def attribute_default(self, v: Any, fld: str) -> Any:
         """A JSON attribute default: int, float, string or a non-empty-or-empty list of numbers."""

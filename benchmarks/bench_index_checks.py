@@ -1,6 +1,7 @@
 """The cost of the device-side index checks (backend_wgpu/index_check.py): the same models run with
 the checks (the installed specs) and without them (the same specs with ``indexChecks`` emptied),
-interleaved round by round in one process, beside onnxruntime CPU as the anchor:
+alternating run by run in one process (medians per round and overall), beside onnxruntime CPU
+as the anchor:
 
     python benchmarks/bench_index_checks.py [--repeat 15] [--rounds 3] [--chain 200] [--json]
 
@@ -87,9 +88,10 @@ def bench(name: str, model: onnx.ModelProto, feeds: dict, repeat: int, rounds: i
         moved = s.stats.since(before)
         per_run[k] = {"submits": moved["submits"], "readbacks": moved["readbacks"], "bytes_read_back": moved["bytes_read_back"]}
     times: dict[str, list[float]] = {"checked": [], "unchecked": []}
-    for _ in range(rounds):  # interleaved, so drift on the shared machine hits both alike
-        for k, s in sessions.items():
-            times[k].append(median_seconds(lambda s=s: s.run(None, feeds), repeat) * 1e3)
+    for _ in range(rounds):  # run by run, alternating, so drift on the shared machine hits both alike
+        for _ in range(repeat):
+            for k, s in sessions.items():
+                times[k].append(median_seconds(lambda s=s: s.run(None, feeds), 1) * 1e3)
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     ref = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
@@ -97,8 +99,10 @@ def bench(name: str, model: onnx.ModelProto, feeds: dict, repeat: int, rounds: i
     checked, unchecked = statistics.median(times["checked"]), statistics.median(times["unchecked"])
     return {"model": name, "nodes": len(model.graph.node), "checked_ms": round(checked, 3),
             "unchecked_ms": round(unchecked, 3), "ratio": round(checked / unchecked, 3),
-            "rounds_checked_ms": [round(t, 3) for t in times["checked"]],
-            "rounds_unchecked_ms": [round(t, 3) for t in times["unchecked"]],
+            "rounds_checked_ms": [round(statistics.median(times["checked"][r * repeat:(r + 1) * repeat]), 3)
+                                  for r in range(rounds)],
+            "rounds_unchecked_ms": [round(statistics.median(times["unchecked"][r * repeat:(r + 1) * repeat]), 3)
+                                    for r in range(rounds)],
             "per_run": per_run, "onnxruntime_ms": round(ort_ms, 3)}
 
 
