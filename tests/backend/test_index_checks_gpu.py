@@ -205,3 +205,20 @@ def test_indices_near_the_bounds_answer_or_raise_exactly_when_onnx_says(indices,
         assert info.value.index in bad and info.value.bound == 4
     else:
         assert_bits(s.run(None, feeds)[0], ref_run(m, feeds)[0], f"indices {indices}")
+
+
+def test_a_constant_gather_is_checked_once_in_the_plan_s_prologue(best):
+    """Data and indices both initializers (too big for inference to fold): the Gather runs once
+    per plan in the prologue, whose error record is read back when the plan is prepared."""
+    table = np.arange(64 * 4096, dtype=np.float32).reshape(4096, 64)
+
+    def m(index):
+        inits = [numpy_helper.from_array(table, "x"), numpy_helper.from_array(np.array([1, index], np.int64), "i")]
+        return model([h.make_node("Gather", ["x", "i"], ["g"], name="emb"), h.make_node("Add", ["g", "z"], ["y"])],
+                     [("z", F, [2, 64])], [("y", F)], inits)
+
+    z = {"z": np.zeros((2, 64), np.float32)}
+    s = gpu_session(best, m(-7))
+    assert np.array_equal(s.run(None, z)[0], table[[1, -7]]) and s.stats.prologue_dispatches >= 1
+    with pytest.raises(IndexRangeError, match=r"node 'emb' \(Gather\).*index 5000 is out of range \[-4096, 4096\)"):
+        gpu_session(best, m(5000)).run(None, z)
