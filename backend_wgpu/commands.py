@@ -19,6 +19,7 @@ import numpy as np
 from onnx_quant.errors import ArgumentError, ExecutionError, QuantError
 from onnx_quant.timing import median_seconds
 
+from . import tuning, tuning_cache
 from .profiling import Profiler
 from .reporting import describe_difference, feeds_from_args, host_nodes, open_session, same_values, summary, timed_runs
 
@@ -212,6 +213,7 @@ def cmd_run(args) -> int:
     host = host_nodes(session)
     print(f"time: first run {first * 1e3:.2f} ms (plans, compiles, allocates), steady state "
           f"{steady * 1e3:.3f} ms ({submits} submit{'s' if submits != 1 else ''} per run)")
+    print(session.cold_start.line())
     print(f"host fallback: {', '.join(host) if host else 'none (every node ran on the GPU)'}")
     out_dir = getattr(args, "output_dir", None)
     if out_dir:
@@ -567,14 +569,47 @@ def cmd_profile(args) -> int:
         print(json.dumps({"device": session.device.info.name, "clock": prof.clock, "runs": len(prof.runs),
                           "dims": given.binding.values, "defaulted_dims": given.binding.defaulted,
                           "inputs": {k: list(v.shape) for k, v in feeds.items()},
-                          "nodes": prof.table()}, indent=2))
+                          "cold_start": session.cold_start.as_dict(), "nodes": prof.table()}, indent=2))
     else:
         print(f"device: {session.device.info.name}")
         if given.binding.dims_text():
             print(given.binding.dims_text())
         print(prof.format_table(args.top))
+        print(session.cold_start.line())
     if args.trace:
         path = prof.write_trace(args.trace)
         if not args.json:
             print(f"trace: {path} ({len(prof.events)} node events; open in chrome://tracing or Perfetto)")
+    return 0
+
+
+def cmd_tune(args) -> int:
+    """``onnx-quant tune MODEL``: time every variant and tunable value the specs allow for each GPU
+    node at the shapes ``--shape``/``--dim``/the defaults bind (random feeds where no ``--input``
+    gives one), keep the fastest whose outputs equal the static choice's, and write the choices
+    to the adapter's tuning table (tuning_cache.py), which later sessions plan with.
+    ``--clear`` removes every table."""
+    if args.clear:
+        removed = tuning_cache.clear()
+        print(f"removed {', '.join(map(str, removed))}" if removed else "no tuning tables to remove")
+        return 0
+    if not args.model:
+        raise ArgumentError("tune: a model is needed (or --clear)")
+    for name in ("repeats", "passes"):
+        if getattr(args, name) < 1:
+            raise ArgumentError(f"--{name} {getattr(args, name)}: expected at least 1")
+    from .device import get_device  # noqa: PLC0415
+
+    _, given = feeds_from_args(args, random=True)
+    device = get_device(args.adapter)
+    table = tuning_cache.TuningTable.load(device.info)
+    reports = tuning.tune(lambda **kw: open_session(args.model, device=device, **kw), given.arrays, table,
+                          repeats=args.repeats, passes=args.passes, force=args.force)
+    if args.json:
+        print(json.dumps({"device": device.info.name, "table": str(table.path),
+                          "keys": [r.as_json() for r in reports]}, indent=2))
+    else:
+        print(f"device: {device.info.name}")
+        print(tuning.format_reports(reports) or "no GPU node to tune")
+        print(f"tuning table: {table.path} ({len(table)} entries)")
     return 0

@@ -35,6 +35,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from onnx_quant.errors import DeviceError
 
+from .ctypes_prime import prime_wgpu
 from .device_info import WEBGPU_DEFAULT_LIMITS, DeviceInfo
 from .locking import holding
 
@@ -65,6 +66,7 @@ def _wgpu():
         import wgpu  # noqa: PLC0415 - keep `import backend_wgpu` cheap
     except Exception as e:  # pragma: no cover - depends on the machine
         raise DeviceError(f"wgpu is not usable here: {type(e).__name__}: {e}") from None
+    prime_wgpu()  # the C types wgpu-py is about to parse one by one, at once (ctypes_prime.py)
     return wgpu
 
 
@@ -312,9 +314,11 @@ class GpuDevice:
 
     @holding("lock")
     def compile_pass(self, pass_plan, layout_key: tuple, *, label: str = "", kernel: str | None = None,
-                     variant: str | None = None):
-        """A pass's cached pipeline, looked up by its pipeline key before rendering (pipelines.py)."""
-        return self.pipelines.for_pass(pass_plan, layout_key, label=label, kernel=kernel, variant=variant)
+                     variant: str | None = None, known: tuple[tuple, str] | None = None):
+        """A pass's cached pipeline, looked up by its pipeline key before rendering (pipelines.py);
+        ``known``: its (pipeline key, source) from the plan cache."""
+        return self.pipelines.for_pass(pass_plan, layout_key, label=label, kernel=kernel, variant=variant,
+                                       known=known)
 
     @holding("lock")
     def bind(self, compiled, buffers: Sequence[tuple], *, label: str = "",
@@ -395,7 +399,8 @@ class GpuDevice:
         (pipeline, bind group) handles, is recorded through wgpu-native's C functions directly
         (wgpu-py's wrappers cost an error-capturing proxy and an ``ffi.new`` per call); errors
         still surface at ``finish()``, caught and named as every other. ``times``: a list that
-        gets (seconds recording up to ``finish()``, seconds in ``queue.submit``).
+        gets (seconds recording up to ``finish()``, seconds in ``queue.submit``, seconds recording
+        up to the last command: before wgpu-native's pass end and finish, its own validation).
         """
         t0 = time.perf_counter()
         recorded: list[str] = []
@@ -458,6 +463,7 @@ class GpuDevice:
                         encoder.copy_buffer_to_buffer(src, src_off, dst, dst_off, size)
                 else:  # pragma: no cover - programming error
                     raise ValueError(f"unknown command {cmd[0]!r}")
+            t_recorded = time.perf_counter()
             if cpass is not None:
                 cpass.end()
             if timestamps is not None:
@@ -468,7 +474,7 @@ class GpuDevice:
             t1 = time.perf_counter()
             self.queue.submit([finished])
         if times is not None:
-            times.append((t1 - t0, time.perf_counter() - t1))
+            times.append((t1 - t0, time.perf_counter() - t1, t_recorded - t0))
         self.stats.submits += 1
         if read is not None:
             return self.read_staging(read, read_size)

@@ -282,6 +282,8 @@ class SessionStats:
     #: host time spent building and recording the runs' commands up to each submit's return
     #: (not the wait for the device; not counted in profiled runs)
     host_encode_us: float = 0.0
+    #: the same up to the last command recorded: without wgpu-native's pass end and finish
+    host_record_us: float = 0.0
 
     def snapshot(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -327,6 +329,8 @@ class PreparedGraph:
     #: (segment, requested roots) -> (flat command list, dispatches): a run's prebuilt program
     programs: dict[tuple, tuple[list, int]] = field(default_factory=dict)
     released: bool = False
+    #: (node index, pass index) -> the pass's (pipeline key, WGSL source): what the plan cache stores
+    shaders: dict[tuple[int, int], tuple[tuple, str]] = field(default_factory=dict)
 
 
 class SessionResources:
@@ -381,13 +385,15 @@ def _destroy(buf) -> None:
     release_quietly(buf)
 
 
-def prepare_graph(device, gplan: GraphPlan, res: SessionResources, constants: Mapping[str, np.ndarray]
-                  ) -> PreparedGraph:
+def prepare_graph(device, gplan: GraphPlan, res: SessionResources, constants: Mapping[str, np.ndarray],
+                  shaders: Mapping[tuple[int, int], tuple[tuple, str]] | None = None) -> PreparedGraph:
     """A plan's device state, allocated once: pooled buffers, the folded values' buffers, one
     uniform buffer with a 256-byte-aligned region per pass (written once: its bytes depend
     only on the shapes), every pass's pipeline (compiled through the device's pipeline cache,
     so shared by every plan and session on the device) and bind group; the prologue (constant
-    nodes and hoisted passes) submitted once. On failure nothing it allocated is kept."""
+    nodes and hoisted passes) submitted once. ``shaders``: per (node index, pass index) the
+    pass's (pipeline key, WGSL source) from the plan cache, not keyed or rendered again; the
+    result's ``shaders`` has every pass's. On failure nothing it allocated is kept."""
     for step in gplan.gpu_steps:
         check_limits(device.info, step.plan, node=step.label)
     stats = res.stats
@@ -460,6 +466,8 @@ def prepare_graph(device, gplan: GraphPlan, res: SessionResources, constants: Ma
 
         hoisted: list[tuple] = []  # the run steps' constant passes, recorded into the prologue
         dispatches: dict[int, list[tuple]] = {}
+        seen_shaders: dict[tuple[int, int], tuple[tuple, str]] = {}
+        shaders = shaders or {}
         for step in gplan.gpu_steps:
             plan = step.plan
             dispatches[step.index] = mine = []
@@ -469,7 +477,9 @@ def prepare_graph(device, gplan: GraphPlan, res: SessionResources, constants: Ma
                 before = device.pipelines.compilations
                 compiled = device.compile_pass(p, layout_key(p.bindings),
                                                label=f"{step.label}/{plan.kernel}/{plan.variant}/{p.id}",
-                                               kernel=plan.kernel, variant=plan.variant)
+                                               kernel=plan.kernel, variant=plan.variant,
+                                               known=shaders.get((step.index, i)))
+                seen_shaders[(step.index, i)] = device.pipelines.last_shader
                 stats.pipelines_compiled += device.pipelines.compilations - before
                 entries = []
                 for b in p.bindings:
@@ -506,7 +516,8 @@ def prepare_graph(device, gplan: GraphPlan, res: SessionResources, constants: Ma
         for buf in created:
             _destroy(buf)
         raise
-    return PreparedGraph(gplan, slots, uniform, fold_buffers, once_buffers, dispatches, errors=errors)
+    return PreparedGraph(gplan, slots, uniform, fold_buffers, once_buffers, dispatches, shaders=seen_shaders,
+                         errors=errors)
 
 
 def _describer(gplan: GraphPlan):
@@ -674,6 +685,7 @@ def run_graph(
             t_record = time.perf_counter()
             raw = device.submit(flat, read=read, read_size=read_size, label=label, times=times)
             stats.host_encode_us += ((t_record - t_encode) + times[0][0]) * 1e6
+            stats.host_record_us += ((t_record - t_encode) + times[0][2]) * 1e6
         stats.submits += 1
         if raw is None:
             continue

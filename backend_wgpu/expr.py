@@ -258,7 +258,7 @@ class _Validator:
 class Expr:
     """A parsed, syntax-checked expression. Immutable; ``text`` is the source."""
 
-    __slots__ = ("text", "tree", "_free")
+    __slots__ = ("text", "_tree", "_free")
 
     def __init__(self, text: str) -> None:
         if not isinstance(text, str):
@@ -280,11 +280,22 @@ class Expr:
             _Validator(text).visit(tree)
         except RecursionError:
             raise expression_error(text, "too deeply nested") from None
-        self.tree = tree
+        self._tree: ast.Expression | None = tree
         self._free: frozenset[str] | None = None
+
+    @property
+    def tree(self) -> ast.Expression:
+        """The parsed expression (one restored from a pickle is parsed on first use)."""
+        if self._tree is None:
+            self._tree = parse(self.text).tree
+        return self._tree
 
     def __repr__(self) -> str:
         return f"Expr({self.text!r})"
+
+    def __reduce__(self):
+        # pickled as its text (spec.py keeps the loaded specs on disk): parsed on first use, once per text
+        return (_unparsed, (self.text,))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Expr) and other.text == self.text
@@ -310,13 +321,31 @@ class Expr:
             raise expression_error(self.text, "too deeply nested") from None
 
     def check(self, scope: "Scope") -> None:
+        key = (self.text, scope)
+        if key in _CHECKED:  # the same text in the same scope recurs across a spec's variants
+            return
         try:
             _Checker(self.text, scope).visit(self.tree.body)
         except RecursionError:
             raise expression_error(self.text, "too deeply nested") from None
+        if len(_CHECKED) >= _MAX_CHECKED:
+            _CHECKED.clear()
+        _CHECKED.add(key)
 
 
-@lru_cache(maxsize=4096)
+#: (text, scope) pairs that passed ``Expr.check`` (a check is a pure function of the two)
+_CHECKED: set[tuple[str, "Scope"]] = set()
+_MAX_CHECKED = 1 << 16
+
+
+def _unparsed(text: str) -> Expr:
+    """An Expr of a text already checked (what ``Expr.__reduce__`` stores), its tree parsed on first use."""
+    e = Expr.__new__(Expr)
+    e.text, e._tree, e._free = text, None, None
+    return e
+
+
+@lru_cache(maxsize=16384)  # the installed specs hold ~1,300 distinct texts: none is parsed twice
 def parse(text: str) -> Expr:
     """Parse and syntax-check ``text`` (cached). Raises ExpressionError."""
     return Expr(text)

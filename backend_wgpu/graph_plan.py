@@ -49,6 +49,7 @@ from .placement import (
 )
 from .plan import GpuStep, GraphPlan, HostStep, Lifetime, RootValue, Segment
 from .planner import plan_node
+from .tuning_cache import entry_key
 from .verdict import onnx_type
 
 
@@ -87,10 +88,13 @@ def model_graph(rewritten: Any, source_model: onnx.ModelProto, specs: Any,
 @dataclass(frozen=True)
 class CompileOptions:
     """``tunables``: ``{name: int}`` for every kernel that has it, or ``{node or op type: {name:
-    int}}``; ``variants``: ``{node or op type: variant id}`` forces a variant."""
+    int}}``; ``variants``: ``{node or op type: variant id}`` forces a variant; ``tuned``: the
+    measured choices (tuning_cache.TuningTable, or anything with ``lookup(entry key)``), used for
+    the nodes nothing is forced on where the chosen variant applies at the node's shapes."""
 
     tunables: Mapping[str, Any] = field(default_factory=dict)
     variants: Mapping[str, str] = field(default_factory=dict)
+    tuned: Any = None
 
 
 def device_facts(device: DeviceInfo | Mapping[str, Any]) -> DeviceInfo:
@@ -352,9 +356,18 @@ def plan_kernel(info: NodeInfo, values: Mapping[str, Any], device: DeviceInfo, o
         v = values.get(vname) if vname else None
         if v is not None and v.value is not None:
             consts[d.name] = np.asarray(v.value)
+    plan_args = {"shapes": io_shapes, "dtypes": io_types, "device": device, "node_label": info.label,
+                 "attributes": attributes(node), "values": consts}
+    choice = None
+    if variant is None and options.tuned is not None:
+        choice = options.tuned.lookup(entry_key(spec.name, io_shapes, io_types, spec.inputs))
+    if choice is not None:
+        try:  # the measured choice, under what the caller gave; where it does not apply, the static rules
+            return plan_node(spec, tunables={**choice.tunables, **tun}, variant=choice.variant, **plan_args), ""
+        except QuantError:
+            pass
     try:
-        plan = plan_node(spec, shapes=io_shapes, dtypes=io_types, device=device, tunables=tun, variant=variant,
-                         node_label=info.label, attributes=attributes(node), values=consts)
+        plan = plan_node(spec, tunables=tun, variant=variant, **plan_args)
     except KernelRejected as e:
         if variant is not None:
             raise

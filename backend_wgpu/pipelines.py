@@ -17,6 +17,7 @@ uniforms compiles nothing; ``renders`` counts the passes that had to be rendered
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -47,6 +48,7 @@ class CompiledPipeline:
     layout_key: tuple
     entry_point: str
     label: str
+    source: str = ""
 
 
 class PipelineCache:
@@ -58,6 +60,11 @@ class PipelineCache:
         self.cache_hits = 0
         self.layouts_created = 0
         self.renders = 0
+        #: seconds spent keying and rendering passes, and in the driver's shader + pipeline creation
+        self.render_s = 0.0
+        self.compile_s = 0.0
+        #: the (pipeline key, source) of the pass :meth:`for_pass` returned last
+        self.last_shader: tuple[tuple, str] | None = None
         self._by_pass_key: dict[tuple, CompiledPipeline] = {}
 
     def __len__(self) -> int:
@@ -66,7 +73,7 @@ class PipelineCache:
     def counters(self) -> dict[str, int]:
         return {"compilations": self.compilations, "cache_hits": self.cache_hits,
                 "layouts_created": self.layouts_created, "pipelines": len(self._pipelines),
-                "renders": self.renders}
+                "renders": self.renders, "render_s": self.render_s, "compile_s": self.compile_s}
 
     def forget(self) -> None:
         """Drop every cached pipeline (the counters stay): a cold cache, for measurements."""
@@ -74,20 +81,32 @@ class PipelineCache:
         self._by_pass_key.clear()
 
     def for_pass(self, pass_plan: "PassPlan", key: tuple, *, label: str = "", kernel: str | None = None,
-                 variant: str | None = None) -> CompiledPipeline:
+                 variant: str | None = None, known: tuple[tuple, str] | None = None) -> CompiledPipeline:
         """The pipeline of a planned pass, keyed before rendering; rendered and compiled on a miss
-        (a miss whose source another key already compiled reuses that pipeline)."""
-        from .render import pipeline_key, render  # noqa: PLC0415
+        (a miss whose source another key already compiled reuses that pipeline). ``known``: the
+        pass's (pipeline key, WGSL source) from the plan cache (plan_cache.py): neither keyed nor
+        rendered again. :attr:`shaders` records every pass's (pipeline key, source) it saw."""
+        t0 = time.perf_counter()
+        if known is None:  # render.py (and jinja2) load only when a pass has to be keyed or rendered
+            from .render import pipeline_key  # noqa: PLC0415
 
-        pass_key = (pipeline_key(pass_plan), "main", key)
+        pkey = known[0] if known is not None else pipeline_key(pass_plan)
+        pass_key = (pkey, "main", key)
         hit = self._by_pass_key.get(pass_key)
         if hit is not None:
             self.cache_hits += 1
+            self.render_s += time.perf_counter() - t0
+            self.last_shader = (pkey, hit.source)
             return hit
-        source = render(pass_plan)
-        self.renders += 1
+        if known is None:
+            from .render import render  # noqa: PLC0415
+
+        source = known[1] if known is not None else render(pass_plan)
+        self.renders += known is None
+        self.render_s += time.perf_counter() - t0
         compiled = self.get(source, key, label=label, kernel=kernel, variant=variant, pass_id=pass_plan.id)
         self._by_pass_key[pass_key] = compiled
+        self.last_shader = (pkey, source)
         return compiled
 
     def layouts(self, key: tuple) -> tuple[Any, Any]:
@@ -117,12 +136,14 @@ class PipelineCache:
             return hit
         dev = self._device
         bgl, pl = self.layouts(key)
+        t0 = time.perf_counter()
         with dev.errors("compiling the shader", kernel=kernel, variant=variant, pass_id=pass_id):
             module = dev.device.create_shader_module(label=label, code=source)
         with dev.errors("creating the compute pipeline", kernel=kernel, variant=variant, pass_id=pass_id):
             pipeline = dev.device.create_compute_pipeline(
                 label=label, layout=pl, compute={"module": module, "entry_point": entry_point})
+        self.compile_s += time.perf_counter() - t0
         self.compilations += 1
-        compiled = CompiledPipeline(pipeline, bgl, key, entry_point, label)
+        compiled = CompiledPipeline(pipeline, bgl, key, entry_point, label, source)
         self._pipelines[cache_key] = compiled
         return compiled

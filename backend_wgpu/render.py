@@ -32,9 +32,10 @@ from typing import Any, Mapping
 
 import jinja2
 
+from onnx_quant import cache_dir
 from onnx_quant.errors import DeviceError, SpecError
 
-from . import resize_taps, uniforms
+from . import plan_cache, resize_taps, uniforms
 from .einsum import einsum_plan
 from .plan import BindingPlan, PassPlan
 from .spec_loader import templates_dir
@@ -71,6 +72,17 @@ def _rounded(value: float, dtype: str) -> float:
     return float(np.array([value], np.float64).astype(etype(dtype).dtype)[0])
 
 
+def _bytecode_cache() -> jinja2.BytecodeCache | None:
+    """Jinja's own on-disk cache of compiled templates (keyed by name and source checksum), under
+    the cache root beside the plans; None where the plan cache is off or the folder cannot be made."""
+    if not plan_cache.enabled():
+        return None
+    try:
+        return jinja2.FileSystemBytecodeCache(str(cache_dir.folder("jinja")))
+    except OSError:
+        return None
+
+
 def search_path(folder: str | None = None) -> tuple[str, ...]:
     """Where a pass's templates are looked up: a user spec folder first (its own shaders), then
     the installed templates (the snippets every shader includes)."""
@@ -93,6 +105,7 @@ def environment(folder: str | None = None) -> jinja2.Environment:
 def _environment(path: tuple[str, ...]) -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(list(path)),
+        bytecode_cache=_bytecode_cache(),
         undefined=jinja2.StrictUndefined,
         autoescape=False,
         keep_trailing_newline=True,
@@ -165,14 +178,29 @@ def pipeline_key(pass_plan: PassPlan) -> tuple:
     """The pass's pipeline key, computed without rendering (``uniforms.pipeline_key``): the
     template and the values of the context names it reads, runtime uniforms by name and type only."""
     path = search_path(pass_plan.template_dir)
+    env = environment(pass_plan.template_dir)
     try:
-        key = uniforms.pipeline_key(environment(pass_plan.template_dir), pass_plan.shader, _render_context(pass_plan))
+        # the on-disk reads cache keys on the template's name: a user folder's shaders are read afresh
+        reads = _template_reads(pass_plan.shader) if len(path) == 1 else uniforms.template_reads(env, pass_plan.shader)
+        key = uniforms.pipeline_key(env, pass_plan.shader, _render_context(pass_plan), reads)
     except jinja2.TemplateNotFound as e:
         raise SpecError(str(Path(path[0]) / pass_plan.shader), "shader",
                         f"template {e.name!r} not found in {' or '.join(path)}") from None
     except jinja2.TemplateSyntaxError as e:
         raise SpecError(str(e.filename or pass_plan.shader), "shader", f"line {e.lineno}: {e.message}") from None
     return key if len(path) == 1 else (path, *key)
+
+
+_READS = plan_cache.TemplateReads()
+
+
+def _template_reads(template: str) -> frozenset[str] | None:
+    """What ``template`` reads: from the disk (plan_cache.TemplateReads), else found and stored."""
+    known, reads = _READS.get(template)
+    if not known:
+        reads = uniforms.template_reads(environment(), template)
+        _READS.put(template, reads)
+    return reads
 
 
 def render(pass_plan: PassPlan) -> str:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import builtins
 import os
 import threading
+import time
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -52,8 +53,9 @@ from onnx_quant.model_io import initializer_arrays, load_model
 
 from . import data_dependent as dd
 from . import graph_plan as gp
-from . import placement
+from . import placement, tuning
 from ..inference.dims import to_text as dim_text
+from .cold_start import ColdStart, PlanDisk
 from .control_flow import ControlFlow, body_overrides
 from .device import GpuDevice, get_device
 from .device_value import DeviceValue, stand_in
@@ -64,14 +66,16 @@ from .graph_index import attributes
 from .host_rewrites import host_node
 from .host_sizes import check_host_node
 from .locking import holding
-from .model_check import check_host_outputs, static_values
+from .model_check import check_host_outputs, plain_constant, static_values
 from .placement import NodeInfo, op_name
-from .plan import GraphPlan, HostStep, Segment
-from .planner import describe
+from .plan import GraphPlan, HostStep
+from .plan_cache import PlanStore
+from .plan_entries import plan_entries
 from .profiling import Profiler
 from .region import DataDependentRegion, HostPaddedNonZero
 from .rewrites import RewriteOptions, rewrite_model
 from .spec import load_specs
+from .tuning_cache import TuningTable
 from .verdict import onnx_type
 
 #: graph plans (device buffers included) a session keeps; the least recently used is released
@@ -138,7 +142,10 @@ class Session:
     (default), "default" (WebGPU defaults) or a dict; ``device``: an existing GpuDevice.
     ``tunables``: ``{name: int}`` for every kernel that has the tunable, or
     ``{node name or op type: {name: int}}``. ``variants``: ``{node name or op type: variant id}``
-    forces a variant (an ExecutionError when its ``when`` clauses do not hold).
+    forces a variant (an ExecutionError when its ``when`` clauses do not hold). ``tune``: on each
+    new binding of input shapes, time the variants and tunables the specs allow where the adapter's
+    tuning table (tuning_cache.py) has no choice yet, and keep the fastest exact one (tuning.py);
+    ``use_tuning_cache``: plan with the table's choices (False: the static rules alone).
     ``allow_host_fallback``: run nodes no kernel covers on the host (onnx.reference; a
     HostFallbackWarning names them), or refuse the model (False: ExecutionError listing them).
     ``specs``: a ``SpecRegistry`` or a folder of ``*.kernel.json`` (default: the installed
@@ -158,6 +165,8 @@ class Session:
     ``fuse_elementwise``: run each group of float32 elementwise nodes (a chain or small tree of
     table ops, each intermediate read once) as one generated kernel (elementwise_fusion.py;
     ``elementwise_fusion`` lists them); False runs them one kernel per node.
+    ``plan_cache``: read and write the on-disk cache of plans and WGSL (plan_cache.py); False
+    plans and renders in this process only. ``cold_start`` times construction and first run.
 
     ``stats`` (:class:`~backend_wgpu.executor.SessionStats`) counts what the session did:
     plans, pipelines compiled, buffers allocated, bind groups, submits, read-backs, bytes
@@ -182,13 +191,19 @@ class Session:
         fold_batch_norm: bool = True,
         fuse_dynamic: bool = True,
         fuse_elementwise: bool = True,
+        tune: bool = False,
+        use_tuning_cache: bool = True,
+        plan_cache: bool = True,
     ) -> None:
+        #: seconds per phase of construction and first run (cold_start.py)
+        self.cold_start = ColdStart()
         self._lock = threading.RLock()  # one run at a time per session: backend_wgpu/locking.py
         self.budget = resolve_budget(memory_budget)
         self.model = load_model(model_or_path, load_external_data=True, base_dir=base_dir, budget=self.budget)
         #: the model as loaded, before the construction phases (what an oracle compares with)
         self.source_model = self.model
         self._static_values = static_values(self.model)  # structural faults are refused here, first
+        self.cold_start.phase("load")
         self._specs = self._registry(specs)
         # the construction phases (rewrites.py): BatchNormalization folding, the QDQ, dynamic and
         # elementwise fusions, NonZero's data-dependent split
@@ -247,7 +262,21 @@ class Session:
         if static_host:
             warnings.warn(self._fallback_text(static_host, {i.index: i.reason for i in static_host}),
                           HostFallbackWarning, stacklevel=2)
+        self.cold_start.phase("rewrite")
         self.device = device if device is not None else get_device(adapter, limits=limits)
+        self.cold_start.phase("device")
+        self._tune = bool(tune)
+        if use_tuning_cache or tune:
+            self._options = gp.CompileOptions(self._tunables, self._variants, TuningTable.load(self.device.info))
+        # the on-disk plan cache (plan_cache.py), for the installed specs only, keyed on the tuning
+        # table's choices; a tuning session changes the table as it plans, so it stores nothing
+        tuned = self._options.tuned
+        self._disk = PlanDisk(PlanStore.default() if plan_cache and not tune and self._specs is _SPECS else None,
+                              self.source_model, self.device.info,
+                              {"rewrites": (fold_batch_norm, fuse_qdq, fuse_dynamic, fuse_elementwise),
+                               "tunables": repr(sorted(self._tunables.items())),
+                               "variants": repr(sorted(self._variants.items())),
+                               "tuning": tuned.digest() if tuned is not None else None})
         self.stats = SessionStats()
         self._resources = SessionResources(self.device, self.stats)
         self._plans: "OrderedDict[tuple, GraphPlan]" = OrderedDict()
@@ -262,6 +291,11 @@ class Session:
         self.profiler = Profiler(self.device) if profile else None
 
     # -- construction ------------------------------------------------------------------------
+
+    @property
+    def kernel_specs(self) -> Any:
+        """The kernel registry this session plans with (tuning.py reads its tunables' ``tune``)."""
+        return self._specs
 
     @staticmethod
     def _registry(specs: Any):
@@ -336,9 +370,9 @@ class Session:
         return self._evaluators[info.index]
 
     def _eval_constant(self, info: NodeInfo) -> None:
-        ev, _ = self._evaluator(info)
+        plain = plain_constant(info.node) if info.node.domain in ("", "ai.onnx") else None
         try:
-            outs = ev.run(None, {})
+            outs = [plain] if plain is not None else self._evaluator(info)[0].run(None, {})
         except Exception as e:
             raise ExecutionError(f"node {info.label!r} (Constant): cannot evaluate: {type(e).__name__}: {e}") from None
         for name, value in zip([o for o in info.node.output if o], outs):
@@ -529,8 +563,22 @@ class Session:
                     feeds: Mapping[str, Any] | None = None) -> GraphPlan:
         """The graph compiler (``graph_plan.compile``) for one binding of input shapes (and of the
         contents of the inputs in ``input_values``); the host fallback policy on what it decided."""
-        compiled = gp.compile(self._graph, self.device.info, shapes, options=self._options,
-                              input_values=input_values, feeds=feeds, key=key)
+        if self._tune:  # measure what the table lacks for these shapes (tuning.py), then plan with it
+            tuning.tune(lambda **kw: Session(self.source_model, device=self.device,
+                                          **{**self._body_options, "plan_cache": False, **kw}),
+                        tuning.feeds_for(self._inputs, shapes, feeds), self._options.tuned,
+                        tunables=self._tunables, variants=self._variants)
+        self.cold_start.restart()
+        compiled = self._disk.lookup(key) if not input_values else None
+        if self.stats.plans == 0:
+            self.cold_start.plan_cache = "off" if self._disk.store is None else "hit" if compiled else "miss"
+        if compiled is None:
+            compiled = gp.compile(self._graph, self.device.info, shapes, options=self._options,
+                                  input_values=input_values, feeds=feeds, key=key)
+            if not input_values:
+                self._disk.remember(key, compiled)
+        if self.stats.plans == 0:
+            self.cold_start.phase("plan")
         if compiled.keyed:  # phase 0: from now on this binding keys on those inputs' contents
             self._value_keyed[key] = compiled.keyed
         self._host_policy(compiled, shapes)
@@ -593,14 +641,25 @@ class Session:
                                arrays)
         constants = {**self._initializers, **self._constants}
         prep = self._prepared.get(gplan.key)
+        first = self.stats.runs == 0
+        if first:
+            t_run, pipes = time.perf_counter(), self.device.pipelines
+            before_pipes = (pipes.render_s, pipes.compile_s)
         if prep is None or prep.plan is not gplan:
-            prep = self._prepared[gplan.key] = prepare_graph(self.device, gplan, self._resources, constants)
+            prep = self._prepared[gplan.key] = prepare_graph(self.device, gplan, self._resources, constants,
+                                                             self._disk.shaders_for(gplan.key))
+            self._disk.prepared(gplan.key, prep.shaders)
         host_values: dict[str, Any] = {**constants, **gplan.folded, **arrays}
         wanted_roots = frozenset(gplan.alias[n][0] for n in wanted if n not in keep)
         kept_roots = frozenset(r for r in (gplan.alias[n][0] for n in keep) if gplan.roots[r].origin == "gpu")
         self.stats.runs += 1
         values, kept = run_graph(self.device, prep, self._resources, arrays, host_values, self._run_host,
                                  wanted_roots, kept_roots=kept_roots, profiler=self.profiler)
+        if first:
+            rendered, compiled = pipes.render_s - before_pipes[0], pipes.compile_s - before_pipes[1]
+            self.cold_start.add("render", rendered)
+            self.cold_start.add("compile", compiled)
+            self.cold_start.add("first run", time.perf_counter() - t_run - rendered - compiled)
         self.last_run_stats = self.stats.since(before)
         result: list[Any] = []
         made: dict[str, DeviceValue] = {}
@@ -674,54 +733,8 @@ class Session:
         [{id, name, dispatch, once_per_plan}] (a leading pass over constants only runs once per plan), fused (for a node that replaced a QDQ node unit: {rule, nodes: the
         unit's nodes as written}; else None). Input dims the model leaves symbolic or unknown are taken
         from ``input_shapes``, else 1."""
-        gplan = self._plan_for(self._explain_shapes(input_shapes))
-        steps = {st.index: st for st in gplan.gpu_steps}
-        seg_of = {st.index: seg.index for seg in gplan.segments for st in seg.steps}
-        once = {st.index for st in gplan.prologue}
-        host_after = {}
-        for i, s in enumerate(gplan.schedule):
-            if isinstance(s, HostStep):
-                host_after[s.index] = sum(1 for x in gplan.schedule[:i] if isinstance(x, Segment))
-        names = {"const": "constant", "fold": "folded"}
-        out = []
-        for info in self._nodes:
-            kind, why = gplan.placement[info.index]
-            node = info.node
-
-            def shape_of(n: str) -> Any:
-                if n in gplan.alias:
-                    s = gplan.alias[n][1]
-                    return list(s) if s is not None else None
-                return None
-
-            shapes_here = {n: shape_of(n) for n in list(node.input) + list(node.output) if n}
-            entry: dict[str, Any] = {"node": info.label, "op_type": node.op_type,
-                                     "placement": names.get(kind, kind), "reason": why}
-            if kind == "gpu":
-                st = steps[info.index]
-                d = describe(st.plan)
-                entry.update({
-                    "kernel": d["kernel"], "variant": d["variant"], "derived": d["derived"], "when": d["when"],
-                    "selection": d["selection"], "tunables": d["tunables"],
-                    "shapes": {n: list(b.shape) for n, b in st.plan.buffers.items()
-                               if b.role in ("input", "output") and b.shape is not None},
-                    "device": self.device.info.name, "segment": seg_of.get(info.index),
-                    "once_per_plan": info.index in once,
-                    "passes": [{"id": p["id"], "name": p["name"], "dispatch": p["dispatch"],
-                                "once_per_plan": info.index in once or k < st.hoisted}
-                               for k, p in enumerate(d["passes"])],
-                })
-            else:
-                label = names.get(kind, kind)
-                entry.update({"kernel": label, "variant": label, "derived": {}, "when": [], "selection": {},
-                              "tunables": {}, "shapes": shapes_here,
-                              "device": "host" if kind in ("host", "const", "fold") else
-                              (self.device.info.name if kind == "view" else ""),
-                              "segment": host_after.get(info.index), "passes": []})
-            unit = self._fused_units.get(node.output[0]) if node.output else None
-            entry["fused"] = None if unit is None else {"rule": unit.rule, "nodes": unit.labels()}
-            out.append(entry)
-        return out
+        return plan_entries(self._plan_for(self._explain_shapes(input_shapes)), self._nodes,
+                            self.device.info.name, self._fused_units)
 
     @holding("_lock")
     def summary(self, input_shapes: Mapping[str, Sequence[int]] | None = None) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from onnx_quant.dtypes import BY_NAME as DTYPES_BY_NAME
 from onnx_quant.errors import ExpressionError, SpecError
 
 from . import spec_versions
-from .expr import RESERVED_NAMES, Expr, Scope, Value, suggest
+from .expr import RESERVED_NAMES, Expr, Scope, Value, parse, suggest
 from .spec_model import (
     ACCESS_BY_BUFFER, CONTEXT_KEYS, DEFAULT_DOMAIN, AttributeDecl, BindingDecl, Derive, IndexCheck, Intermediate,
     KernelSpec,
@@ -38,7 +38,7 @@ _TOP_KEYS = {"domain", "name", "sinceVersion", "untilVersion", "inputs", "output
 _TOP_REQUIRED = {"name", "sinceVersion", "inputs", "outputs", "typeConstraints", "variants"}
 _IO_KEYS = {"dtype", "rank", "shape", "optional", "constant"}
 _ATTRIBUTE_KEYS = {"default", "required", "description", "fixed"}
-_TUNABLE_KEYS = {"default", "description"}
+_TUNABLE_KEYS = {"default", "description", "tune"}
 _BINDING_KEYS = {"name", "elementType", "length", "buffer", "struct"}
 _MEMBER_KEYS = {"name", "type", "value"}
 _VARIANT_KEYS = {"id", "priority", "when", "derive", "intermediates", "passes", "description"}
@@ -140,7 +140,7 @@ class _Loader:
         if not isinstance(v, str):
             raise self.err(fld, f"expected an expression string, found {_json_type(v)}")
         try:
-            e = Expr(v)
+            e = parse(v)  # one parsed Expr per distinct text (10,667 expressions, 1,282 texts)
             if scope is not None:
                 e.check(scope)
         except ExpressionError as ex:
@@ -207,8 +207,8 @@ class _Loader:
         return Derive(tuple((n, values[n]) for n in order))
 
     def toposort(self, values: Mapping[str, Value], fld: str) -> list[str]:
-        deps = {n: (set(v.free_names) & set(values)) if isinstance(v, Expr) else set()
-                for n, v in values.items()}
+        names = set(values)
+        deps = {n: (v.free_names & names) if isinstance(v, Expr) else set() for n, v in values.items()}
         done: list[str] = []
         placed: set[str] = set()
         pending = list(values)
@@ -385,8 +385,11 @@ class _Loader:
             if not _is_ident(tname):
                 raise self.err(f, f"tunable name {tname!r} is not an identifier")
             d = self.obj(tdecl, f, _TUNABLE_KEYS, {"default"})
+            tune = tuple(self.integer(v, f"{f}.tune[{i}]", minimum=1)
+                         for i, v in enumerate(self.array(d.get("tune", []), f"{f}.tune")))
             tunables[tname] = Tunable(tname, self.integer(d["default"], f"{f}.default"),
-                                      self.string(d.get("description", ""), f"{f}.description", nonempty=False))
+                                      self.string(d.get("description", ""), f"{f}.description", nonempty=False),
+                                      tune)
 
         attributes = self.attributes(top.get("attributes", {}))
         constants = frozenset(n for n, (section, d) in io_raw.items() if d.get("constant"))

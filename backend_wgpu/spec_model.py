@@ -127,11 +127,13 @@ class AttributeDecl:
 
 @dataclass(frozen=True)
 class Tunable:
-    """A tunable knob (``tunables.<name>``) with an integer default."""
+    """A tunable knob (``tunables.<name>``) with an integer default and the other values
+    ``onnx-quant tune`` may time (``tune``; none: the default is never measured against others)."""
 
     name: str
     default: int
     description: str = ""
+    tune: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

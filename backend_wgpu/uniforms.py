@@ -156,6 +156,17 @@ def _freeze(v: Any) -> Any:
 
 
 @functools.lru_cache(maxsize=None)
+def file_reads(env: jinja2.Environment, name: str) -> tuple[frozenset[str], tuple[str | None, ...]]:
+    """One template file's own reads (undeclared names) and the templates it includes or imports
+    (None for one named by a variable): parsed once per process per file, however many kernel
+    templates include it."""
+    source = env.loader.get_source(env, name)[0]  # type: ignore[union-attr]
+    ast = env.parse(source)
+    return (frozenset(jinja2.meta.find_undeclared_variables(ast)),
+            tuple(jinja2.meta.find_referenced_templates(ast)))
+
+
+@functools.lru_cache(maxsize=None)
 def template_reads(env: jinja2.Environment, template: str) -> frozenset[str] | None:
     """The context names ``template`` and the templates it includes or imports may read (found
     statically), or None when that cannot be known (a template named by a variable)."""
@@ -167,19 +178,21 @@ def template_reads(env: jinja2.Environment, template: str) -> frozenset[str] | N
         if name in seen:
             continue
         seen.add(name)
-        source = env.loader.get_source(env, name)[0]  # type: ignore[union-attr]
-        ast = env.parse(source)
-        reads |= jinja2.meta.find_undeclared_variables(ast)
-        for ref in jinja2.meta.find_referenced_templates(ast):
+        own, refs = file_reads(env, name)
+        reads |= own
+        for ref in refs:
             if ref is None:
                 return None
             stack.append(ref)
     return frozenset(reads - set(env.globals))
 
 
-def pipeline_key(env: jinja2.Environment, template: str, context: Mapping[str, Any]) -> tuple:
+def pipeline_key(env: jinja2.Environment, template: str, context: Mapping[str, Any],
+                 reads: frozenset[str] | None = None) -> tuple:
     """(template, the frozen value of every context name the template reads): equal keys render
-    the same source. Computed without rendering."""
-    reads = template_reads(env, template)
+    the same source. Computed without rendering. ``reads``: the template's :func:`template_reads`
+    where the caller has them (render.py keeps them on disk), else found here."""
+    if reads is None:
+        reads = template_reads(env, template)
     names = sorted(context) if reads is None else sorted(n for n in reads if n in context)
     return (template, tuple((n, _freeze(context[n])) for n in names))

@@ -240,17 +240,20 @@ def ort_optimized_nodes(model) -> int:
         return len(onnx.load(so.optimized_model_filepath).graph.node)
 
 
-def raw_call_floor_us(session, repeat: int = 9) -> float:
+def raw_call_floor_us(session, repeat: int = 9) -> tuple[float, float]:
     """µs per dispatch of the three wgpu-native calls alone (set pipeline, set bind group,
     dispatch) over the session's prebuilt plan, in one compute pass: the floor any Python host
-    loop pays on this machine, measured beside the session's own recording cost."""
+    loop pays on this machine, measured beside the session's own recording cost; and µs per
+    dispatch of that pass's end and the encoder's finish (wgpu-native validating and tracking
+    each dispatch: the same whoever recorded them)."""
     from onnx_quant.backend_wgpu.device import _raw_pass_functions  # noqa: PLC0415
 
     gplan = next(iter(session._plans.values()))
     dispatches = session._prepared[gplan.key].dispatches  # the executor's commands per GPU step
     program = [c[5] + c[3] for st in gplan.gpu_steps for c in dispatches[st.index]]
     set_pipeline, set_bind_group, dispatch, null = _raw_pass_functions()
-    times = []
+    times, finishes = [], []
+    n = max(1, len(program))
     for _ in range(repeat):
         encoder = session.device.device.create_command_encoder()
         cpass = encoder.begin_compute_pass()
@@ -260,10 +263,13 @@ def raw_call_floor_us(session, repeat: int = 9) -> float:
             set_pipeline(h, p)
             set_bind_group(h, 0, b, 0, null)
             dispatch(h, x, y, z)
-        times.append((time.perf_counter() - t0) / max(1, len(program)) * 1e6)
+        t1 = time.perf_counter()
         cpass.end()
-        session.device.queue.submit([encoder.finish()])
-    return statistics.median(times)
+        finished = encoder.finish()
+        finishes.append((time.perf_counter() - t1) / n * 1e6)
+        times.append((t1 - t0) / n * 1e6)
+        session.device.queue.submit([finished])
+    return statistics.median(times), statistics.median(finishes)
 
 
 def write_plots(result: dict[str, Any], directory: str) -> list[str]:
@@ -343,21 +349,28 @@ def bench_one(name: str, model, feeds, *, device, repeat: int, timer: PhaseTimer
             row["pipelines_first_run"] = len(first_keys)
             submits0 = device.stats.submits
             dispatches0 = session.stats.dispatches
-            encode0 = session.stats.host_encode_us
             comp0 = device.pipelines.compilations
+            per_run: list[dict[str, Any]] = []
+
+            def one_run():
+                session.run(None, feeds)
+                per_run.append(dict(session.last_run_stats))
+
             timer.reset()
             timer.active = True
-            times = _times(lambda: session.run(None, feeds), repeat)
+            times = _times(one_run, repeat)
             timer.active = False
             n = len(times)
             row["gpu_ms"] = statistics.median(times) * 1e3
             row["runs"] = n
             row["submits_per_run"] = (device.stats.submits - submits0) / n
             row["dispatches_per_run"] = (session.stats.dispatches - dispatches0) / n
-            row["host_encode_us_per_dispatch"] = ((session.stats.host_encode_us - encode0)
-                                                  / max(1, session.stats.dispatches - dispatches0))
+            # medians over the runs, as the raw floor's: a preempted run does not move them
+            for key in ("host_encode_us", "host_record_us"):
+                row[f"{key}_per_dispatch"] = statistics.median(r.get(key, 0.0) / max(1, r["dispatches"])
+                                                               for r in per_run)
             if model.graph.name == "chain":
-                row["raw_floor_us_per_dispatch"] = raw_call_floor_us(session)
+                row["raw_floor_us_per_dispatch"], row["raw_end_finish_us_per_dispatch"] = raw_call_floor_us(session)
             row["compilations_after_warmup"] = device.pipelines.compilations - comp0
             # where the time goes, as means over the same runs (host = the rest of a run)
             split = {k: v / n * 1e3 for k, v in timer.totals.items()}
@@ -573,9 +586,11 @@ def format_markdown(result: dict[str, Any]) -> str:
         if "gpu_us_per_node" in r:
             lines.append("")
             if "raw_floor_us_per_dispatch" in r:
-                lines.append(f"Host recording ({r['model']}): {r['host_encode_us_per_dispatch']:.2f} µs per dispatch; "
+                lines.append(f"Host recording ({r['model']}): {r['host_record_us_per_dispatch']:.2f} µs per dispatch "
+                             f"(with wgpu-native's pass end and finish {r['host_encode_us_per_dispatch']:.2f}); "
                              f"the three raw wgpu-native calls alone, same process: "
-                             f"{r['raw_floor_us_per_dispatch']:.2f} µs.")
+                             f"{r['raw_floor_us_per_dispatch']:.2f} µs (with their pass end and finish "
+                             f"{r['raw_floor_us_per_dispatch'] + r['raw_end_finish_us_per_dispatch']:.2f}).")
             lines.append(f"Per-node overhead ({r['model']}): GPU {r['gpu_us_per_node']:.1f} µs per node "
                          f"(host side {r['split_ms']['host'] * 1e3 / r['nodes']:.1f} µs), onnxruntime "
                          f"{r.get('ort_us_per_node', float('nan')):.2f} µs per node.")

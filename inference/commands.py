@@ -22,7 +22,8 @@ from .engine import InferenceResult, check, infer, write_back
 
 def cmd_infer(args: argparse.Namespace) -> int:
     model = load_model(args.model)
-    result = infer(model, strict=args.strict)
+    runtime = getattr(args, "runtime", False)
+    result = infer(model, strict=args.strict, declared_outputs_win=not runtime, runtime=runtime)
     summary = summarize(result)
     if args.output:
         if not _save(write_back(model, result, copy=False), args.output, "infer"):
@@ -34,6 +35,8 @@ def cmd_infer(args: argparse.Namespace) -> int:
         print(summary)
     for d in result.diagnostics:
         print(f"warning: {d}", file=sys.stderr)
+    if runtime and any(d.rule == "output-type" for d in result.diagnostics):
+        print("note: --runtime: contradicted graph outputs are typed as the graph computes them", file=sys.stderr)
     return EXIT_OK
 
 

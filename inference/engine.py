@@ -31,6 +31,8 @@ write-back, ``inference.writeback``, which builds ``value_info`` as bytes).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 from typing import Any, Iterable, Mapping
 
@@ -46,6 +48,7 @@ from .api import (
     SOURCE_CONSTANT, SOURCE_DECLARED, SOURCE_FAILED, SOURCE_FUNCTION, SOURCE_RULE, SOURCE_UNKNOWN, TYPED_SOURCES,
     InferenceResult, NodeRecord, describe,
 )
+from .case_split import main_partial, split_cases
 from .context import TensorInfo, info_text, merge_info
 from .diagnostics import MODEL_NODE, Diagnostic, one_line
 from .dispatch import (
@@ -67,6 +70,22 @@ __all__ = [
     "InferenceResult", "NodeRecord", "Pass", "check", "check_model", "infer", "infer_shapes", "infer_values",
     "merge_info", "write_back", "write_type",
 ]
+
+
+@contextlib.contextmanager
+def cyclic_gc_paused():
+    """The cyclic garbage collector off while the pass walks (as it was again after). The pass
+    makes no reference cycles, so the collector finds nothing, but it allocates an object or
+    more per value and each full collection scans every live one: 14 of them in a pass over a
+    100k-node decoder, about 12% of its time (docs/benchmarks.md, "Decoder graphs")."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 # ------------------------------------------------------------------ public API
@@ -102,10 +121,11 @@ def infer_shapes(model: ModelSource, *, strict: bool = False) -> onnx.ModelProto
     too.
     """
     proto = load_model(model, check_external=False)  # the pass checks external data as it seeds
-    result = Pass(proto, strict=strict, label=_source_label(model)).run(None)
-    # a model parsed here from a path or bytes is nobody else's: typed in place, its weights
-    # are not copied (for a big model the copy, fresh pages, costs more than the pass)
-    return write_back(proto, result, copy=isinstance(model, onnx.ModelProto))
+    with cyclic_gc_paused():  # the write-back too: an entry or more per value
+        result = Pass(proto, strict=strict, label=_source_label(model)).run(None)
+        # a model parsed here from a path or bytes is nobody else's: typed in place, its weights
+        # are not copied (for a big model the copy, fresh pages, costs more than the pass)
+        return write_back(proto, result, copy=isinstance(model, onnx.ModelProto))
 
 
 def infer_values(model: ModelSource, input_shapes: Mapping[str, Iterable[Any]] | None = None, *,
@@ -187,9 +207,14 @@ class Pass:
     ``inference.protocol.InferencePass``."""
 
     def __init__(self, model: onnx.ModelProto, *, strict: bool, label: str = "<model>",
-                 declared_outputs_win: bool = True, runtime: bool = False) -> None:
+                 declared_outputs_win: bool = True, runtime: bool = False, forced: dict | None = None,
+                 shared: "Pass | None" = None) -> None:
         self.model = model
         self.strict = strict
+        self.runtime = runtime
+        #: If nodes whose branch this run fixes, and those met whose branches differ in rank
+        self.forced = forced or {}
+        self.splits: list[tuple] = []
         self.label = label
         #: on a conflict, keep a graph output's declared type (the model's contract, for typing)
         #: or what the model computes (what a runtime must allocate, as onnxruntime does)
@@ -203,14 +228,22 @@ class Pass:
         self.diagnostics: list = []
         # what constants and scopes report to: no reference back to the pass, so that dropping
         # the result frees everything at once (no cycles left for the garbage collector)
-        self.owner = Bookkeeping(strict, self.diagnostics)
+        # a case of case_split shares the first run's bookkeeping, memo and tables (every memo
+        # entry is a function of what it is keyed on, whichever run made it); _forced_run points
+        # the bookkeeping at this run's diagnostics while it runs
+        self.owner = Bookkeeping(strict, self.diagnostics) if shared is None else shared.owner
         scope = Scope(opsets, strict, self.diagnostics, owner=self.owner)
         scope.runtime = runtime
         self.ctx = scope
-        self.keys = keys = Keys()
-        self.fallback = Fallback(model, keys, self.owner)  # it reports through the bookkeeping: no cycle
-        self._dispatch_tables: dict[tuple, dict] = {}
-        self.functions = Functions(model)
+        if shared is None:
+            self.keys = keys = Keys()
+            self.fallback = Fallback(model, keys, self.owner)  # it reports through the bookkeeping: no cycle
+            self._dispatch_tables: dict[tuple, dict] = {}
+            self.functions = Functions(model)
+        else:
+            self.keys = keys = shared.keys
+            self.fallback = shared.fallback
+            self._dispatch_tables, self.functions = shared._dispatch_tables, shared.functions
         self.main = top = Graph(model.graph, scope, self.dispatch_table(opsets), top=True)
         self.result = InferenceResult(scope, typed_by=top.typed_by, other_types=scope.other, records=top.records,
                                       main=top, types=keys)
@@ -220,11 +253,15 @@ class Pass:
             input_values: Mapping[str, np.ndarray] | None = None) -> InferenceResult:
         check_depth(self.model.graph, self.model.functions)  # before any recursive walk
         g = self.main
-        seed_main(g, self.keys, self.label, input_shapes)
-        if input_values:
-            seed_input_values(g, input_values)
-        self.walk(g)
-        self._check_outputs_defined(g)
+        with cyclic_gc_paused():
+            seed_main(g, self.keys, self.label, input_shapes)
+            if input_values:
+                seed_input_values(g, input_values)
+            self.walk(g)
+            self._check_outputs_defined(g)
+            if self.splits and not self.forced and main_partial(g):
+                split_cases(g, self.result.subgraphs, self.splits,
+                            lambda forced: self._forced_run(forced, input_shapes, input_values))
         self.owner.log = NoLog()  # values read after the pass need no bookkeeping
         result, self.result = self.result, None  # the result refers to the pass's types, not the other way
         return result
@@ -324,6 +361,22 @@ class Pass:
                 produced.extend(outputs)
             if record is not None:
                 record(entry)  # a hit: the entry says how (see InferenceResult.nodes)
+
+    def _forced_run(self, forced: dict, input_shapes, input_values) -> tuple:
+        """A lenient run with the branches of ``forced`` fixed: (its result, the splits it met)."""
+        other = Pass(self.model, strict=False, label=self.label, declared_outputs_win=self.declared_outputs_win,
+                     runtime=self.runtime, forced=forced, shared=self)
+        owner = self.owner
+        saved = owner.strict, owner.diagnostics, owner.log
+        owner.strict, owner.diagnostics, owner.log = False, other.diagnostics, []
+        try:
+            return other.run(input_shapes, input_values), list(other.splits)
+        finally:
+            owner.strict, owner.diagnostics, owner.log = saved
+
+    def note_rank_split(self, key: tuple) -> None:
+        if key not in self.splits:
+            self.splits.append(key)
 
     def raise_or_record(self, err: InferenceError) -> None:
         if self.strict:
@@ -516,8 +569,9 @@ class Pass:
         if conflict:
             kind = "graph output" if is_output else "value_info"
             err = n.error("output-type" if is_output else "value-info",
-                          f"{kind} {name!r}: declared type contradicts the inferred one ({conflict})",
-                          expected=info_text(inferred), found=info_text(declared))
+                          f"{kind} {name!r}: the declared type contradicts what the graph computes "
+                          f"(the {conflict} differs)",
+                          expected=f"{info_text(inferred)} (inferred)", found=f"{info_text(declared)} (declared)")
             self.raise_or_record(err)
             # the model's declared output type is its contract; a value_info is only a note
             keep = is_output and self.declared_outputs_win
@@ -546,7 +600,7 @@ class Pass:
         scope = Scope(parent.scope.opsets, strict, self.diagnostics, parent.scope)
         where = f"{parent.where}/{label}/{attr}" if parent.where else f"{label}/{attr}"
         g = Graph(proto, scope, parent.dispatch, prefix=f"{parent.prefix}{label}/{attr}/", where=where)
-        mark = len(self.diagnostics)
+        mark, split_mark = len(self.diagnostics), len(self.splits)
         saved, self.strict = self.strict, strict
         self.owner.strict = strict
         try:
@@ -554,8 +608,9 @@ class Pass:
             self.walk(g)
         finally:
             self.strict = self.owner.strict = saved
-            if quiet:
+            if quiet:  # a branch that never runs: neither its problems nor its Ifs are the model's
                 del self.diagnostics[mark:]
+                del self.splits[split_mark:]
         if step is not None:  # a later attempt (Loop state types widened) replaces an earlier one
             parent.children[step] = g
             self.result.subgraphs[(parent.where, step)] = g

@@ -26,9 +26,14 @@ class InferencePass(Protocol):
     opsets: dict[str, int]
     #: every violation recorded so far, in order (a helper may drop those it made itself)
     diagnostics: list[InferenceError]
+    #: If nodes whose branch a case of ``inference.case_split`` fixes: (graph path, node index) -> branch
+    forced: dict[tuple, bool]
 
     def raise_or_record(self, err: InferenceError) -> None:
         """Raise ``err`` in strict mode, else record it."""
+
+    def note_rank_split(self, key: tuple) -> None:
+        """An If (graph path, node index) whose branches give an output different ranks."""
 
     def from_type_proto(self, tp: onnx.TypeProto) -> TensorInfo:
         """``tp`` as a ``TensorInfo`` (dim_param texts parsed once per pass)."""

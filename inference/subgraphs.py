@@ -166,6 +166,9 @@ def infer_if(p: InferencePass, g: Graph, n: NodeContext) -> bool:
     taken = _scalar(cond)
     if isinstance(taken, Dim):
         taken = None
+    split_key = (g.where, n.index)
+    if taken is None:
+        taken = p.forced.get(split_key)  # a case of inference.case_split
     branches = []
     for attr in ("then_branch", "else_branch"):
         body = _graph_attr(n, attr)
@@ -197,6 +200,8 @@ def infer_if(p: InferencePass, g: Graph, n: NodeContext) -> bool:
         if taken is not None:
             _set(n, i, ti if taken else ei)
         else:
+            if ti.shape is not None and ei.shape is not None and len(ti.shape) != len(ei.shape):
+                p.note_rank_split(split_key)
             _set(n, i, union(ti, ei, name))
     return True
 

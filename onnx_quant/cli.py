@@ -34,6 +34,9 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "conformance": ("onnx_quant.backend_wgpu.commands", "cmd_conformance", "run ONNX node test cases on the GPU"),
     "demo": ("onnx_quant.backend_wgpu.commands", "cmd_demo", "build, infer and run a small quantized model"),
     "profile": ("onnx_quant.backend_wgpu.commands", "cmd_profile", "per-node device times of a model's runs, Chrome trace"),
+    "tune": ("onnx_quant.backend_wgpu.commands", "cmd_tune",
+             "time the variants and tunables each node may take, cache the fastest exact per adapter"),
+    "cache": ("onnx_quant.cache_commands", "cmd_cache", "show or clear the on-disk caches (plans, WGSL, templates, tuning)"),
 }
 
 _ADAPTER_HELP = "adapter index or a substring of its name or backend (default: ONNX_QUANT_ADAPTER, else the best)"
@@ -54,6 +57,9 @@ def _infer_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="path to an .onnx file, or 'example' for the built-in example")
     p.add_argument("-o", "--output", help="write the model with inferred value_info here")
     p.add_argument("--strict", action="store_true", help="stop at the first violation")
+    p.add_argument("--runtime", action="store_true",
+                   help="type the graph outputs as the graph computes them, where a declaration contradicts it "
+                        "(what a runtime allocates), instead of keeping the declared type")
 
 
 @_arguments("check")
@@ -141,6 +147,20 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--adapter", help=_ADAPTER_HELP)
 
 
+@_arguments("tune")
+def _tune_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", help="path to an .onnx file, or 'example' (not needed with --clear)")
+    _feed_args(p, random_flag=False)
+    _shape_args(p)
+    p.add_argument("--repeats", type=int, default=4, help="profiled runs per candidate and pass (default 4)")
+    p.add_argument("--passes", type=int, default=3,
+                   help="passes over every candidate in turn; each candidate keeps its fastest (default 3)")
+    p.add_argument("--force", action="store_true", help="measure again what the cache already holds")
+    p.add_argument("--clear", action="store_true", help="remove every adapter's tuning table, then exit")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--adapter")
+
+
 @_arguments("bench")
 def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", default="12,16,20,24", help="comma-separated log2 element counts")
@@ -163,6 +183,14 @@ def _conformance_args(p: argparse.ArgumentParser) -> None:
 @_arguments("demo")
 def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--adapter")
+
+
+@_arguments("cache")
+def _cache_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=["info", "clear"], help="info: where the caches are and what they hold; "
+                   "clear: remove them (every version; the downloaded model wheels stay)")
+    p.add_argument("--kind", help="clear only this cache (a folder name 'cache info' lists: plans, jinja, ...)")
+    p.add_argument("--json", action="store_true")
 
 
 #: options many subcommands share: the help an option gets where its subcommand gives none
@@ -197,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
 #: once the command is done, never as Python's two-line form; the categories given are left out
 #: because the command's own output already says the same (explain lists host nodes with why)
 _ONE_LINE_WARNINGS: dict[str, tuple[type[Warning], ...]] = {
-    "explain": (HostFallbackWarning,), "run": (), "profile": (),
+    "explain": (HostFallbackWarning,), "run": (), "profile": (), "tune": (),
 }
 
 

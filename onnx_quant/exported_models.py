@@ -10,6 +10,10 @@ nodes and ``Shape`` arithmetic as written by the exporter, not folded:
   ``Split`` into xy / wh / scores, ``Resize`` with sizes computed in the graph and with
   ``Constant`` scales, ``Softmax`` over classes, ``TopK`` with ``K = Min(boxes, 8)`` and a
   ``NonZero`` over the confidences (a data-dependent dim);
+- :func:`yolo_anchors`: an anchor-free (YOLOv8-style) head whose anchor grids are float:
+  ``Range(0.0, Cast<float>(Gather(Shape(x), 3)), 1.0) + 0.5``, ``Expand``, ``Concat``,
+  ``Reshape``, ``Transpose``, strides by ``Expand``, a level resized to ``int(h / 4)`` and
+  ``int(w / 4)`` computed in float, boxes decoded by ``Sub``/``Add``/``Div``/``Mul``;
 - :func:`mobilenet_v3`: paddle2onnx style: every unknown dim is ``?``, ``BatchNormalization``
   not folded, ``HardSwish`` and a squeeze-excite with ``HardSigmoid``, ``Reshape(x, [0, -1])``;
 - :func:`transformer`: a torch encoder block over token ids: ``Gather`` embeddings, position ids
@@ -151,6 +155,63 @@ def yolo_head(*, classes: int = 3, anchors: int = 2, channels: int = 8, seed: in
          helper.make_tensor_value_info("top_indices", I64, ["batch", "k"]),
          helper.make_tensor_value_info("keep", I64, [2, "kept"])],
         "onnx-quant exported models: YOLO-style two-scale detection head (torch.onnx opset 17 idioms)")
+
+
+# ------------------------------------------------------------------ anchor-free YOLO head (float grids)
+def _anchor_grid(b: _Builder, ny: str, nx: str) -> str:
+    """YOLOv8's ``make_anchors`` for one level as torch exports it: ``arange(n, dtype=float) +
+    0.5`` is ``Add(Range(0.0, Cast<float>(n), 1.0), 0.5)``, ``meshgrid`` is ``Expand`` of the
+    unsqueezed ranges to ``[ny, nx]``, ``stack(..., -1).view(-1, 2)`` -> ``[ny * nx, 2]``."""
+    zero, one = b.constant("zero", np.float32(0.0)), b.constant("one", np.float32(1.0))
+    half = b.constant("offset", np.float32(0.5))
+    sy, sx = (b.node("Add", [b.node("Range", [zero, b.node("Cast", [d], to=F), one]), half]) for d in (ny, nx))
+    yx = b.node("Concat", [b.unsqueeze0(ny), b.unsqueeze0(nx)], axis=0)
+    gy = b.node("Expand", [b.node("Unsqueeze", [sy, b.ints(1)]), yx])
+    gx = b.node("Expand", [b.node("Unsqueeze", [sx, b.ints(0)]), yx])
+    xy = b.node("Concat", [b.node("Unsqueeze", [gx, b.ints(-1)]), b.node("Unsqueeze", [gy, b.ints(-1)])], axis=-1)
+    return b.node("Reshape", [xy, b.ints(-1, 2)])
+
+
+def yolo_anchors(*, classes: int = 3, channels: int = 8, seed: int = 0) -> onnx.ModelProto:
+    """``images [batch, 3, height, width] -> y [batch, 4 + classes, anchors]``: an anchor-free
+    (YOLOv8-style) head over two levels whose grids and strides are float tensors computed
+    from the feature shapes (:func:`_anchor_grid`); the second level is resized to sizes from
+    float arithmetic on the image size, ``int(h / 4)`` (``Cast<int64>(Div(Cast<float>(h),
+    4.0))``) and ``int(w / 4)``, and the boxes are decoded from distances
+    (``dist2bbox``: Sub, Add, Div by 2, Concat, Mul by the strides)."""
+    b = _Builder(seed)
+    f1 = b.conv("images", 3, channels, 2, stride=2)  # [N, C, floor(H / 2), floor(W / 2)]
+    f1 = b.node("Mul", [f1, b.node("Sigmoid", [f1])])
+    h_img, w_img = (b.node("Cast", [b.shape_item("images", a)], to=F) for a in (2, 3))
+    four = b.constant("four", np.float32(4.0))
+    h2, w2 = (b.node("Cast", [b.node("Div", [d, four])], to=I64) for d in (h_img, w_img))  # int(h / 4)
+    nc = b.node("Slice", [b.node("Shape", [f1]), b.ints(0), b.ints(2)])
+    f2 = b.node("Resize", [f1, "", "", b.node("Concat", [nc, b.unsqueeze0(h2), b.unsqueeze0(w2)], axis=0)],
+                mode="nearest")
+    no = 4 + classes
+    preds, grids, strides = [], [], []
+    for feat, stride in ((f1, 2.0), (f2, 4.0)):
+        p = b.conv(feat, channels, no, 1)
+        n, ny, nx = (b.shape_item(p, a) for a in (0, 2, 3))
+        preds.append(b.node("Reshape", [p, b.node("Concat", [b.unsqueeze0(n), b.ints(no), b.ints(-1)], axis=0)]))
+        grids.append(_anchor_grid(b, ny, nx))
+        cells = b.node("Concat", [b.unsqueeze0(b.node("Mul", [ny, nx])), b.ints(1)], axis=0)
+        strides.append(b.node("Expand", [b.constant("stride", np.float32(stride)), cells]))  # torch.full((h * w, 1), s)
+    x = b.node("Concat", preds, axis=2)  # [N, 4 + classes, anchors]
+    anchors = b.node("Transpose", [b.node("Concat", grids, axis=0)], perm=[1, 0])  # [2, anchors]
+    stride_t = b.node("Transpose", [b.node("Concat", strides, axis=0)], perm=[1, 0])  # [1, anchors]
+    box, cls = b.node("Split", [x, b.ints(4, classes)], n_out=2, axis=1)
+    lt, rb = b.node("Split", [box, b.ints(2, 2)], n_out=2, axis=1)
+    x1y1 = b.node("Sub", [b.node("Unsqueeze", [anchors, b.ints(0)]), lt])
+    x2y2 = b.node("Add", [b.node("Unsqueeze", [anchors, b.ints(0)]), rb])
+    c_xy = b.node("Div", [b.node("Add", [x1y1, x2y2]), b.constant("two", np.float32(2.0))])
+    wh = b.node("Sub", [x2y2, x1y1])
+    dbox = b.node("Mul", [b.node("Concat", [c_xy, wh], axis=1), stride_t])
+    b.nodes.append(helper.make_node("Concat", [dbox, b.node("Sigmoid", [cls])], ["y"], name="y", axis=1))
+    return b.model(
+        "yolo_anchors", [helper.make_tensor_value_info("images", F, ["batch", 3, "height", "width"])],
+        [helper.make_tensor_value_info("y", F, ["batch", 4 + classes, "anchors"])],
+        "onnx-quant exported models: anchor-free YOLO head with float anchor grids (torch.onnx opset 17 idioms)")
 
 
 # ------------------------------------------------------------------ MobileNetV3 (paddle2onnx)
@@ -352,6 +413,7 @@ def vad_state(*, frame: int = 16, hidden: int = 8, seed: int = 0) -> onnx.ModelP
 #: name -> (builder, concrete input shapes for calibration and runs)
 MODELS: dict[str, tuple[Callable[[], onnx.ModelProto], dict[str, tuple[int, ...]]]] = {
     "yolo_head": (yolo_head, {"images": (1, 3, 24, 40)}),
+    "yolo_anchors": (yolo_anchors, {"images": (1, 3, 26, 42)}),
     "mobilenet_v3": (mobilenet_v3, {"x": (2, 3, 12, 20)}),
     "dbnet": (dbnet, {"x": (1, 3, 32, 48)}),
     "transformer": (transformer, {"input_ids": (2, 7)}),
@@ -365,6 +427,7 @@ FORMS = ("float",) + model_zoo.FORMATS
 #: sequence length or the audio length, at the first batch size
 SHAPE_CHANGES: dict[str, dict[str, dict[str, tuple[int, ...]]]] = {
     "yolo_head": {"batch": {"images": (2, 3, 24, 40)}, "size": {"images": (1, 3, 32, 48)}},
+    "yolo_anchors": {"batch": {"images": (2, 3, 26, 42)}, "size": {"images": (1, 3, 34, 50)}},
     "mobilenet_v3": {"batch": {"x": (3, 3, 12, 20)}, "size": {"x": (2, 3, 16, 24)}},
     "dbnet": {"batch": {"x": (2, 3, 32, 48)}, "size": {"x": (1, 3, 48, 64)}},
     "transformer": {"batch": {"input_ids": (3, 7)}, "size": {"input_ids": (2, 11)}},

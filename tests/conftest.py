@@ -24,6 +24,9 @@ from hypothesis import HealthCheck, settings
 os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="onnx-quant-xdg-"))
 # on-disk caches (plans, tuning) of a test run start empty and never touch the user's
 os.environ["ONNX_QUANT_CACHE_DIR"] = tempfile.mkdtemp(prefix="onnx-quant-cache-")
+# and plans are compiled in every test: a plan an earlier test stored would hide what a test
+# changes in the compiler (a monkeypatched planner); tests/backend/test_plan_cache.py turns it on
+os.environ["ONNX_QUANT_PLAN_CACHE"] = "0"
 
 settings.register_profile(
     "ci", max_examples=40, deadline=None, derandomize=True,

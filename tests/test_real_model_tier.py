@@ -9,10 +9,11 @@ Inference, per model and form:
 
 - at the input shapes the package runs the model at, every main-graph value gets the dtype
   and shape onnxruntime's run gives it (every node output compared);
-- with the declared (symbolic) inputs, wherever onnx's C++ pass (``data_prop=True``) or
-  onnxruntime's ``SymbolicShapeInference`` knows a dim as an int we have that int, and a value
-  we leave without a full shape is one neither of them has a full shape for either (the
-  torch "squeeze if this dim is 1" Ifs, whose branches differ in rank).
+- with the declared (symbolic) inputs, every main-graph value has a full shape (the torch
+  "squeeze if this dim is 1" Ifs, whose branches differ in rank, are split into cases:
+  ``inference.case_split``), its dims evaluate to onnxruntime's at the package's sizes, and
+  wherever onnx's C++ pass (``data_prop=True``) or onnxruntime's ``SymbolicShapeInference``
+  knows a dim as an int we have that int.
 
 GPU: ``Session(model)`` on :func:`real_models.feeds` against onnxruntime CPU (all
 optimizations off: every node as ONNX defines it), on the model with its int8 weight sides
@@ -182,31 +183,86 @@ def test_symbolic_inference_agrees_with_onnx_and_onnxruntime(models, case):
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
     model = _undeclared(models[case])
-    mine = inference.infer_values(model)
+    result = inference.infer(model)
+    mine = result.values()
     names = node_outputs(model.graph)
-    assert all(mine[n].elem_type for n in names)
-    compared, known = _int_dims_agree(mine, onnx.shape_inference.infer_shapes(model, data_prop=True))
+    partial = [n for n in names if not _full(mine[n])]
+    assert partial == [], [(n, mine[n].shape_text()) for n in partial]
+    theirs = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    compared, _ = _int_dims_agree(mine, theirs)
     try:
         ort_model = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
     except Exception:  # noqa: BLE001 - it asserts on these Ifs and on com.microsoft ops: nothing to compare
         ort_model = None
     ort_compared = 0
     if ort_model is not None:
-        ort_compared, ort_known = _int_dims_agree(mine, ort_model)
-        known |= ort_known
-    partial = [n for n in names if not _full(mine[n])]
-    assert not set(partial) & known, f"an anchor has a full shape we lack: {sorted(set(partial) & known)}"
+        ort_compared, _ = _int_dims_agree(mine, ort_model)
     assert compared > 0
-    print(f"{case}: {len(names) - len(partial)} of {len(names)} values with a full shape "
-          f"({len(partial)} left: no anchor has one); {compared} int dims agree with onnx, "
+    # in If / Loop bodies: what is left unknown is behind a "squeeze if this dim is 1" If whose
+    # branches differ in rank, and onnx (data_prop=True) has no full shape for any of it either
+    left = {k for values in result.subgraph_values().values() for k, v in values.items() if not _full(v)}
+    onnx_full = {v.name for g in _graphs(theirs.graph) for v in list(g.value_info) + list(g.output)
+                 if _full(TensorInfo.from_type_proto(v.type))}
+    assert not left & onnx_full, sorted(left & onnx_full)
+    print(f"{case}: all {len(names)} values with a full shape, {len(left)} left in bodies (none onnx types); "
+          f"{compared} int dims agree with onnx, "
           f"{ort_compared if ort_model is not None else 'none (it fails)'} with onnxruntime's symbolic pass")
 
 
-def test_ddddocr_declared_output_contradicts_what_it_computes(models):
-    """The exporter declared [1, seqlen]; the model makes [seqlen, 1, 8210]: check says so."""
-    result = inference.infer(models["ddddocr_ocr-float"], input_shapes=rm.MODELS["ddddocr_ocr"].shapes)
-    assert [e.rule for e in result.errors] == ["output-type"]
-    assert "float32[16, 1, 8210]" in str(result.errors[0]) or "8210" in str(result.errors[0])
+def _graphs(graph: onnx.GraphProto):
+    yield graph
+    for nd in graph.node:
+        for a in nd.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from _graphs(a.g)
+
+
+@pytest.mark.parametrize("case", IDS)
+def test_symbolic_dims_evaluate_to_what_onnxruntime_computes(models, case):
+    """The declared inputs' symbols bound to the sizes the package feeds: every main-graph dim
+    that is an expression in them evaluates to onnxruntime's size (fresh symbols, ``*_dim<i>``,
+    stand for sizes no input names, and are skipped)."""
+    from onnx_quant.inference import dims
+
+    model, name = models[case], _name(case)
+    mine = inference.infer_values(_undeclared(model))
+    bindings = {}
+    for v in model.graph.input:
+        for d, size in zip(mine[v.name].shape, rm.MODELS[name].shapes[v.name]):
+            if isinstance(d, dims.Dim) and len(d.symbols) == 1:
+                bindings[next(iter(d.symbols))] = size
+    names = node_outputs(model.graph)
+    actual = dict(zip(names, ort_session(model, names).run(names, rm.feeds(name))))
+    evaluated = 0
+    for n, array in actual.items():
+        shape = mine[n].shape
+        assert len(shape) == array.ndim, (n, mine[n].shape_text(), array.shape)
+        for d, size in zip(shape, array.shape):
+            value = dims.evaluate(d, bindings) if not isinstance(d, int) and d.symbols <= set(bindings) else d
+            if isinstance(value, int):
+                assert value == size, (n, mine[n].shape_text(), array.shape)
+                evaluated += 1
+    assert evaluated > 0
+
+
+def test_ddddocr_declared_output_contradicts_what_it_computes(models, tmp_path, capsys):
+    """The exporter declared [1, seqlen]; at width 200 the model makes [25, 1, 8210]: the pass
+    says so, naming the output with both types; ``check`` prints it, ``infer`` warns, and
+    ``infer --runtime`` writes what the graph computes."""
+    from onnx_quant.cli import main
+
+    result = inference.infer(models["ddddocr_ocr-float"], input_shapes={"input1": (1, 1, 64, 200)})
+    assert [str(e) for e in result.errors] == [
+        "output-type: node 'Reshape_101' (Reshape): graph output '387': the declared type contradicts what the "
+        "graph computes (the rank differs): expected float32[25, 1, 8210] (inferred), found float32[1, seqlen] (declared)"]
+    path = str(rm.path_of("ddddocr_ocr"))
+    assert main(["check", path]) == 1
+    symbolic = "float32[floor((image_width + 7) / 8), 1, 8210]"
+    assert "graph output '387'" in capsys.readouterr().out
+    assert main(["infer", path, "--runtime", "-o", str(tmp_path / "typed.onnx")]) == 0
+    assert f"expected {symbolic} (inferred), found float32[1, seqlen] (declared)" in capsys.readouterr().err
+    written = onnx.load(str(tmp_path / "typed.onnx"), load_external_data=False)
+    assert TensorInfo.from_type_proto(written.graph.output[0].type).shape_text() == symbolic.removeprefix("float32")
 
 
 # ------------------------------------------------------------------ GPU

@@ -10,7 +10,10 @@ shape equals the tensor's shape, in one of two forms:
   every entry known;
 * an ``object`` array (integer and bool tensors only) whose entries are ``int`` (or ``bool``),
   symbolic :class:`inference.dims.Dim` or ``None`` (that entry unknown): the form ``Shape``
-  gives for an input with symbolic or unknown dims.
+  gives for an input with symbolic or unknown dims;
+* an ``object`` array of a ``float``/``double`` tensor whose entries are exact numbers made
+  from dims (``Cast<float>(Shape(x)[3])``): ints, ``Dim``, :class:`float_values.Ratio`,
+  floats or ``None`` (see :mod:`inference.rules.float_values` for what is exact).
 
 Rules keep computed values only while they are small (:data:`MAX_VALUE_ELEMS` entries); an
 object array is turned back into a numeric one as soon as every entry is a known int.
@@ -27,6 +30,8 @@ from onnx import TensorProto, helper
 from .. import dims
 from ..context import TensorInfo
 from ..dims import Dim, DimLike
+from . import float_values
+from .float_values import SYMBOLIC_FLOAT_TYPES
 
 #: largest value (in elements) a rule computes and keeps
 MAX_VALUE_ELEMS = 64
@@ -80,7 +85,7 @@ def entries(info: TensorInfo | None) -> list | None:
         return None
     kind = v.dtype.kind
     if kind == "O":
-        return list(v.reshape(-1))
+        return None if info.elem_type in SYMBOLIC_FLOAT_TYPES else list(v.reshape(-1))
     if kind in "iub":
         return [int(x) for x in v.reshape(-1)]
     return None
@@ -118,7 +123,7 @@ def make_value(flat: Sequence, shape: Sequence[int], elem_type: int) -> np.ndarr
     if not symbolic:
         return np.array(flat, dtype=dt).reshape(tuple(shape))
     if dt.kind not in "iub":
-        return None
+        return _float_object(flat, shape, elem_type)
     out = np.empty(len(flat), dtype=object)
     out[:] = [int(x) if isinstance(x, (np.integer, np.bool_)) else x for x in flat]
     return out.reshape(tuple(shape))
@@ -136,12 +141,27 @@ def tidy(value: np.ndarray | None, elem_type: int) -> np.ndarray | None:
         if all(isinstance(x, (int, np.integer)) for x in flat):
             return np.array([int(x) for x in flat], dtype=dt).reshape(value.shape)
         if dt.kind not in "iub":
-            return None
+            return _float_object(flat, value.shape, elem_type)
         return value
     if value.dtype != dt:
         with np.errstate(all="ignore"):
             value = value.astype(dt)
     return value
+
+
+def _float_object(flat: list, shape, elem_type: int) -> np.ndarray | None:
+    """A float value of exact symbolic entries (None where the type does not carry them, or an
+    entry is not one): all-number entries become a numeric array."""
+    if elem_type not in SYMBOLIC_FLOAT_TYPES:
+        return None
+    flat = [x.item() if isinstance(x, (np.integer, np.floating)) else x for x in flat]
+    if not all(float_values.is_entry(x) for x in flat):
+        return None
+    if all(isinstance(x, (int, float)) for x in flat):
+        return np.array(flat, dtype=_NUMPY_TYPES[elem_type]).reshape(tuple(shape))
+    out = np.empty(len(flat), dtype=object)
+    out[:] = flat
+    return out.reshape(tuple(shape))
 
 
 def as_object(value: np.ndarray) -> np.ndarray:

@@ -18,7 +18,8 @@ QLinearWhere                condition, X, x_scale, x_zp, Y, y_scale, y_zp, z_sca
 QGemm                       A, a_scale, a_zp, B, b_scale, b_zp, C?, y_scale?, y_zp? -> Y
 DynamicQuantizeMatMul       A, B, b_scale, b_zp?, bias?                    -> Y (A's float type)
 MatMulIntegerToFloat        A, B, a_scale, b_scale, a_zp?, b_zp?, bias?    -> Y (scale type)
-MatMulNBits                 A, B, scales, zero_points?, g_idx?, bias?      -> Y [..., N] (A's type)
+MatMulNBits                 A, B, scales, zero_points?, g_idx?, bias?      -> Y [..., N] (A's type; scales
+                            N * ceil(K / block_size) entries, bias [N])
 GatherBlockQuantized        data, indices, scales, zero_points?            -> output (scale type)
 Gelu / QuickGelu            X                                              -> Y (X's type and shape)
 BiasGelu                    A, B (1-D, A's last dim)                       -> C (A's type and shape)
@@ -33,6 +34,8 @@ quantized input's type (onnxruntime's own inference does the same).
 """
 
 from __future__ import annotations
+
+import math
 
 from onnx import TensorProto
 
@@ -345,6 +348,16 @@ def matmul_nbits(ctx, n) -> None:
         if len(b.shape) == 3 and any(shape_math.provably_different(d, e) for d, e in zip(b.shape, expected)):
             n.report(rule, "B must be [N, ceil(K / block_size), block_size * bits / 8]", subject="input B",
                      expected=shape_text(expected), found=shape_text(b.shape))
+    scales, bias = _opt(n, 2), _opt(n, 5)
+    if scales.shape is not None and all(isinstance(d, int) for d in scales.shape) \
+            and math.prod(scales.shape) != nn * blocks:
+        n.report(rule, "scales must hold one scale per block of each column", subject="input scales",
+                 expected=f"N * ceil(K / block_size) = {nn * blocks} entries ([{nn * blocks}] or [{nn}, {blocks}])",
+                 found=shape_text(scales.shape))
+    if bias is not None and bias.shape is not None and (
+            len(bias.shape) != 1 or shape_math.provably_different(bias.shape[0], nn)):
+        n.report(rule, "bias must be 1-D of N entries", subject="input bias", expected=f"[{nn}]",
+                 found=shape_text(bias.shape))
     out = None if a.shape is None else (*a.shape[:-1], nn)
     n.set_output(0, TensorInfo(a.elem_type, out))
 

@@ -14,6 +14,8 @@ from onnx import TensorProto, numpy_helper
 from .. import dims
 from ..dims import DimLike
 from ..registry import register
+from . import float_values
+from .float_values import SYMBOLIC_FLOAT_TYPES
 from ._wm_common import (
     INT64, MAX_VALUE_ELEMS, check_same_type, entries, make_value, max0, need, nonneg, product, shape_text, tidy,
     set_info, rank_only, clamp, scalar,
@@ -29,8 +31,8 @@ _LATEST = (21, 23, 24, 25)  # since_versions that only widened the type lists
 @register("Shape", 1, 13, 15, 19, *_LATEST)
 def shape_rule(ctx, n) -> None:
     x, = need(n, "Shape", "data")
-    if x.shape is None:
-        set_info(n, 0, INT64, (None,))
+    if x.shape is None:  # a 1-D value of some length: the rank, a size of its own
+        set_info(n, 0, INT64, (n.fresh_dim(0, 0),))
         return
     r = len(x.shape)
     start, end = 0, r
@@ -60,8 +62,10 @@ def constant_of_shape(ctx, n) -> None:
     target = entries(shape_info)
     if target is None:
         k = rank_only(shape_info)
-        set_info(n, 0, t, None if k is None else (None,) * k)
+        set_info(n, 0, t, None if k is None else tuple(n.fresh_dim(0, a) for a in range(k)))
         return
+    # an entry the pass cannot compute (a dim of a value of unknown rank) is a size of its own
+    target = [n.fresh_dim(0, a) if d is None else d for a, d in enumerate(target)]
     for d in target:
         if isinstance(d, int) and d < 0:
             n.fail("ConstantOfShape", "dims must not be negative", subject="input input", expected=">= 0 each",
@@ -140,6 +144,12 @@ def range_rule(ctx, n) -> None:
         length = max(int(math.ceil(span)), 0)
         if length <= MAX_VALUE_ELEMS:
             value = tidy(np.arange(length) * np.array(delta) + np.array(start), t) if t else None
+    elif t in SYMBOLIC_FLOAT_TYPES and all(float_values.parts(v) is not None for v in (start, limit, delta)):
+        # exact float bounds made from dims (torch's arange(w, dtype=float): Range(0.0, Cast<float>(w), 1.0))
+        length = float_values.ceil(float_values.div(float_values.sub(limit, start), delta))
+        length = max0(length) if length is not None else None
+        if length is not None and not nonneg(length):
+            length = None
     elif isinstance(delta, int) and start is not None and limit is not None and not isinstance(start, float) \
             and not isinstance(limit, float):
         if delta > 0:

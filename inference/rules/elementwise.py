@@ -14,8 +14,10 @@ from onnx import TensorProto
 from .. import dims
 from ..context import TensorInfo
 from ..registry import register
+from . import float_values
+from .float_values import SYMBOLIC_FLOAT_TYPES
 from ._wm_common import (
-    BOOL, MAX_VALUE_ELEMS, broadcast_shapes, check_same_type, dim_min, elementwise_symbolic, exact_div, need, nonneg, np_dtype, shape_text, tidy, type_text,
+    make_value, BOOL, MAX_VALUE_ELEMS, broadcast_shapes, check_same_type, dim_min, elementwise_symbolic, exact_div, need, nonneg, np_dtype, shape_text, tidy, type_text,
 )
 
 # ---------------------------------------------------------------- value arithmetic
@@ -46,6 +48,9 @@ def _sym_div(a, b):
 
 _NP_BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": _np_div}
 _SYM_BINARY = {"Add": dims.add, "Sub": dims.sub, "Mul": dims.mul, "Div": _sym_div}
+#: the same on float values: exact rational arithmetic (``float_values``)
+_SYM_FLOAT_BINARY = {"Add": float_values.add, "Sub": float_values.sub, "Mul": float_values.mul,
+                     "Div": float_values.div}
 
 
 def _sym_equal(a, b):
@@ -65,8 +70,16 @@ def _sym_greater(a, b):
     return (d > 0) if isinstance(d, int) else None
 
 
+def _float_compare(want):
+    def op(a, b):
+        sign = float_values.compare(a, b)
+        return None if sign is None else sign in want
+    return op
+
+
 _NP_COMPARE = {"Equal": np.equal, "Less": np.less, "Greater": np.greater}
 _SYM_COMPARE = {"Equal": _sym_equal, "Less": _sym_less, "Greater": _sym_greater}
+_SYM_FLOAT_COMPARE = {"Equal": _float_compare((0,)), "Less": _float_compare((-1,)), "Greater": _float_compare((1,))}
 
 
 def _binary_value(op: str, a: TensorInfo, b: TensorInfo, out_type: int, np_ops, sym_ops):
@@ -108,7 +121,8 @@ def arithmetic(ctx, n) -> None:
     a, b = need(n, rule, "A", "B")
     t = check_same_type(n, rule, (a, b), ("A", "B"))
     shape = _broadcast(n, rule, (a, b))
-    n.set_output(0, TensorInfo(t, shape, _binary_value(rule, a, b, t, _NP_BINARY, _SYM_BINARY) if shape is not None else None))
+    sym = _SYM_FLOAT_BINARY if t in SYMBOLIC_FLOAT_TYPES else _SYM_BINARY
+    n.set_output(0, TensorInfo(t, shape, _binary_value(rule, a, b, t, _NP_BINARY, sym) if shape is not None else None))
 
 
 for _op in ("Add", "Sub", "Mul", "Div"):
@@ -128,6 +142,19 @@ _NP_EXTREMUM = {"Min": np.minimum, "Max": np.maximum}
 _SYM_EXTREMUM = {"Min": dim_min, "Max": dims.maximum}
 
 
+def _float_extremum(op, pick_first_when: int):
+    def extremum_of(a, b):
+        ia, ib = float_values.as_integer(a), float_values.as_integer(b)
+        if ia is not None and ib is not None:
+            return op(ia, ib)
+        sign = float_values.compare(a, b)
+        return None if sign is None else (a if sign in (0, pick_first_when) else b)
+    return extremum_of
+
+
+_SYM_FLOAT_EXTREMUM = {"Min": _float_extremum(dim_min, -1), "Max": _float_extremum(dims.maximum, 1)}
+
+
 def extremum(ctx, n) -> None:
     """Min and Max of any number of inputs; on shape values (``Min(boxes, 8)`` for a TopK's K)
     symbolic entries give ``min``/``max`` dims."""
@@ -138,10 +165,11 @@ def extremum(ctx, n) -> None:
     t = check_same_type(n, rule, infos)
     shape = _broadcast(n, rule, infos)
     value = infos[0].value if shape is not None and infos[0].value is not None and infos[0].value.size <= MAX_VALUE_ELEMS else None
+    sym = _SYM_FLOAT_EXTREMUM if t in SYMBOLIC_FLOAT_TYPES else _SYM_EXTREMUM
     for other in infos[1:]:
         if value is None:
             break
-        value = _binary_value(rule, TensorInfo(t, shape, value), other, t, _NP_EXTREMUM, _SYM_EXTREMUM)
+        value = _binary_value(rule, TensorInfo(t, shape, value), other, t, _NP_EXTREMUM, sym)
     n.set_output(0, TensorInfo(t, shape, value))
 
 
@@ -155,7 +183,8 @@ def compare(ctx, n) -> None:
     a, b = need(n, rule, "A", "B")
     check_same_type(n, rule, (a, b), ("A", "B"))
     shape = _broadcast(n, rule, (a, b))
-    value = _binary_value(rule, a, b, BOOL, _NP_COMPARE, _SYM_COMPARE) if shape is not None else None
+    sym = _SYM_FLOAT_COMPARE if a.elem_type in SYMBOLIC_FLOAT_TYPES else _SYM_COMPARE
+    value = _binary_value(rule, a, b, BOOL, _NP_COMPARE, sym) if shape is not None else None
     n.set_output(0, TensorInfo(BOOL, shape, value))
 
 
@@ -190,6 +219,27 @@ for _op, _versions in (
     ("Clip", (1, 6)),
 ):
     register(_op, *_versions)(same_as_input)
+
+
+_ROUNDING = {"Floor": (np.floor, float_values.floor), "Ceil": (np.ceil, float_values.ceil)}
+
+
+def rounding(ctx, n) -> None:
+    """Floor / Ceil: the input's type and shape; a value entry by entry (exact symbolic entries
+    of a float value, ``floor(W / 2)``, become dims: ``float_values``)."""
+    x, = need(n, n.node.op_type, "X")
+    np_op, sym_op = _ROUNDING[n.node.op_type]
+    v, value = x.value, None
+    if v is not None and v.size <= MAX_VALUE_ELEMS:
+        if v.dtype.kind == "f":
+            value = np_op(v)
+        elif v.dtype.kind == "O" and x.elem_type in SYMBOLIC_FLOAT_TYPES:
+            value = tidy(make_value([sym_op(e) for e in v.reshape(-1)], v.shape, x.elem_type), x.elem_type)
+    n.set_output(0, TensorInfo(x.elem_type, x.shape, value))
+
+
+register("Floor", 1, 6, 13)(rounding)
+register("Ceil", 1, 6, 13)(rounding)
 
 
 @register("Clip", 11, 12, 13)
@@ -251,17 +301,24 @@ def where(ctx, n) -> None:
 # ---------------------------------------------------------------- casts
 _TYPE_CODES = frozenset(TensorProto.DataType.values())
 
-def _cast_value(v: np.ndarray | None, to: int) -> np.ndarray | None:
+def _cast_value(v: np.ndarray | None, source: int, to: int) -> np.ndarray | None:
     if v is None or v.size > MAX_VALUE_ELEMS:
         return None
     dt = np_dtype(to)
     if dt is None:
         return None
     if v.dtype.kind == "O":
-        if dt.kind in "iu":
-            return tidy(v, to)
-        if all(isinstance(x, int) for x in v.reshape(-1)):
-            return tidy(np.array([int(x) for x in v.reshape(-1)]).reshape(v.shape), to)
+        flat = list(v.reshape(-1))
+        if source in SYMBOLIC_FLOAT_TYPES:  # exact entries: truncated toward zero to an integer type
+            if dt.kind in "iu":
+                flat = [float_values.trunc(x) for x in flat]
+            elif to not in SYMBOLIC_FLOAT_TYPES:
+                return None
+            return tidy(make_value(flat, v.shape, to), to)
+        if dt.kind in "iu" or (to in SYMBOLIC_FLOAT_TYPES and dt.kind == "f"):
+            return tidy(v, to)  # a dim as an integer, or as a float (float_values: exact)
+        if all(isinstance(x, int) for x in flat):
+            return tidy(np.array([int(x) for x in flat]).reshape(v.shape), to)
         return None
     if v.dtype.kind not in "iubf":
         return None
@@ -276,14 +333,14 @@ def cast(ctx, n) -> None:
     if to is None or int(to) not in _TYPE_CODES or int(to) == 0:
         n.fail("Cast", "attribute 'to' must name an element type", subject="attribute to",
                expected="a TensorProto data type", found="none" if to is None else to)
-    n.set_output(0, TensorInfo(int(to), x.shape, _cast_value(x.value, int(to))))
+    n.set_output(0, TensorInfo(int(to), x.shape, _cast_value(x.value, x.elem_type, int(to))))
 
 
 @register("CastLike", 15, 19, 21, 23, 24, 25)
 def cast_like(ctx, n) -> None:
     x, like = need(n, "CastLike", "input", "target_type")
     to = like.elem_type
-    n.set_output(0, TensorInfo(to, x.shape, _cast_value(x.value, to) if to else None))
+    n.set_output(0, TensorInfo(to, x.shape, _cast_value(x.value, x.elem_type, to) if to else None))
 
 
 # ---------------------------------------------------------------- Dropout

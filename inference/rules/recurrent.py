@@ -60,6 +60,15 @@ def _weights(n, rule: str, w: TensorInfo, r: TensorInfo, d: int, g: int, quantiz
     return hidden, input_size
 
 
+def _state_batch(n, layout: int):
+    """The batch size an initial state (``initial_h``, ``initial_c``) or ``sequence_lens`` gives."""
+    for i, axis in ((5, 0 if layout else 1), (6, 0 if layout else 1), (4, 0)):
+        info = n.input(i) if n.has_input(i) else None
+        if info is not None and info.shape is not None and len(info.shape) > axis and info.shape[axis] is not None:
+            return info.shape[axis]
+    return None
+
+
 def recurrent(ctx, n) -> None:
     rule = n.node.op_type
     quantized = rule == "DynamicQuantizeLSTM"
@@ -84,11 +93,13 @@ def recurrent(ctx, n) -> None:
         seq, batch = (x.shape[1], x.shape[0]) if layout else (x.shape[0], x.shape[1])
         _check_dim(n, rule, x, "X", 2, input_size, "the input size of W")
     else:
-        seq = batch = None
+        # X of unknown rank (behind an If whose branches differ in rank): the outputs' ranks are
+        # the op's; the batch is the initial state's, the sequence length some size of its own
+        seq, batch = n.fresh_dim(0, 1 if layout else 0), _state_batch(n, layout)
+        if batch is None:
+            batch = n.fresh_dim(0, 0 if layout else 2)
     et = x.elem_type
-    if x.shape is None:
-        y = state = None
-    elif layout:
+    if layout:
         y, state = (batch, seq, d, hidden), (batch, d, hidden)
     else:
         y, state = (seq, d, batch, hidden), (d, batch, hidden)

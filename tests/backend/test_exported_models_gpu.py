@@ -62,7 +62,16 @@ def _onnxruntime(model, feeds, optimized):
 #: by kernel: only tile choices made per bucket of sizes. mobilenet_v3-dynamic's classifier
 #: (DynamicQuantizeMatMul) goes from 2 to 3 rows at batch 3, past its 2-row tile (a 4-row tile at
 #: one row was 1.2-1.75x slower on llvmpipe, docs/kernels.md)
-STILL_COMPILES: dict[str, dict[str, set[str]]] = {"mobilenet_v3-dynamic": {"batch": {"DynamicQuantizeMatMul"}}}
+#: yolo_anchors' box decoding broadcasts the anchors [1, 2, A] against the batch's [N, 2, A]: from
+#: batch 1 to 2 the broadcasting Add / Sub (QLinearAdd in the quantized forms) get their
+#: broadcast variant, and at a new image size the float Range of its anchor grids compiles again
+STILL_COMPILES: dict[str, dict[str, set[str]]] = {
+    "mobilenet_v3-dynamic": {"batch": {"DynamicQuantizeMatMul"}},
+    "yolo_anchors-float": {"batch": {"Add", "Sub"}, "size": {"Range"}},
+    "yolo_anchors-dynamic": {"batch": {"Add", "Sub"}, "size": {"Range"}},
+    "yolo_anchors-qoperator": {"batch": {"QLinearAdd", "Sub"}, "size": {"Range"}},
+    "yolo_anchors-qdq": {"batch": {"QLinearAdd", "Sub"}, "size": {"Range"}},
+}
 
 
 def _check(case, got, want):

@@ -175,7 +175,7 @@ def test_inference_session_enable_profiling(demo_model, tmp_path, monkeypatch):
 def _table_rows(lines: list[str]) -> list[list[str]]:
     """The node rows of ``profile``'s table (between the header and the "more"/total rows)."""
     head = next(i for i, ln in enumerate(lines) if ln.split()[:3] == ["node", "op", "kernel/variant"])
-    return [ln.split() for ln in lines[head + 1:] if not ln.startswith(("trace:", "total ", "... "))]
+    return [ln.split() for ln in lines[head + 1:] if not ln.startswith(("trace:", "total ", "... ", "cold start "))]
 
 
 @pytest.mark.gpu
@@ -189,6 +189,7 @@ def test_cli_profile_prints_the_table_and_writes_the_trace(demo_model, tmp_path)
     assert lines[2].startswith(f"profile: {RUNS} run(s)")
     assert lines[3].split()[:3] == ["node", "op", "kernel/variant"]
     rows = _table_rows(lines)
+    assert sum(ln.startswith("cold start ") for ln in lines) == 1  # where the session's cold start went
     times = [float(r[4]) for r in rows]
     assert times == sorted(times, reverse=True) and len(rows) >= 8
     total = next(ln for ln in lines if ln.startswith("total "))

@@ -297,6 +297,8 @@ def test_shipped_families_share_one_base_each():
     (lambda d: d["tunables"]["WORKGROUP_SIZE"].update(default=2.5), "tunables.WORKGROUP_SIZE.default",
      "expected an integer"),
     (lambda d: d["tunables"]["WORKGROUP_SIZE"].update(max=1), "tunables.WORKGROUP_SIZE.max", "unknown key"),
+    (lambda d: d["tunables"]["WORKGROUP_SIZE"].update(tune=64), "tunables.WORKGROUP_SIZE.tune", "expected an array"),
+    (lambda d: d["tunables"]["WORKGROUP_SIZE"].update(tune=[64, 0]), "tunables.WORKGROUP_SIZE.tune[1]", "must be >= 1"),
     (lambda d: d["derive"].update(inputCount="numel(shapes.x"), "derive.inputCount", "syntax error"),
     (lambda d: d["derive"].update(inputCount="numel(shapes.x) / 2"), "derive.inputCount", "'/' is not supported"),
     (lambda d: d["derive"].update(inputCount="numel(shape.x)"), "derive.inputCount", "attribute access"),

@@ -41,6 +41,16 @@ def unknown_op_model():
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.example", 1)])
 
 
+def contradicted_model():
+    """``y = Transpose(x)`` declared ``[1, 3]`` where it is ``[3, 1]``, and a ``value_info``
+    giving the intermediate ``t`` (``[1, 3]`` float) another element type and rank."""
+    nodes = [helper.make_node("Relu", ["x"], ["t"], name="relu"), helper.make_node("Transpose", ["t"], ["y"], name="tr")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [1, 3])],
+                              [helper.make_tensor_value_info("y", F, [1, 3])],
+                              value_info=[helper.make_tensor_value_info("t", TensorProto.DOUBLE, [1, 3, 1])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
 # ------------------------------------------------------------------ infer
 def test_infer_example_prints_a_table_and_summary(capsys):
     assert main(["infer", "example"]) == 0
@@ -195,3 +205,26 @@ def test_check_resolves_external_data_beside_the_model(tmp_path, monkeypatch, ca
     monkeypatch.chdir(tmp_path)  # not the model's folder
     assert main(["check", str(path)]) == 0
     assert capsys.readouterr().out.strip() == f"ok: {path}: no problems"
+
+
+# ------------------------------------------------------------------ declared types
+def test_declared_types_that_contradict_the_graph_are_named_by_check_and_infer(tmp_path, capsys):
+    path = save(contradicted_model(), tmp_path / "m.onnx")
+    assert main(["check", path]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "'relu' (Relu): value-info: value_info 't': the declared type contradicts what the graph computes "
+        "(the element type differs): expected float32[1, 3] (inferred), found float64[1, 3, 1] (declared)",
+        "'tr' (Transpose): output-type: graph output 'y': the declared type contradicts what the graph computes "
+        "(the dim 0 differs): expected float32[3, 1] (inferred), found float32[1, 3] (declared)"]
+    assert main(["infer", path, "-o", str(tmp_path / "kept.onnx")]) == 0
+    err = capsys.readouterr().err
+    assert [line.removeprefix("warning: ") for line in err.splitlines()] == lines
+    kept = onnx.load(str(tmp_path / "kept.onnx"))
+    assert [d.dim_value for d in kept.graph.output[0].type.tensor_type.shape.dim] == [1, 3]  # the contract stands
+    assert main(["infer", path, "--runtime", "-o", str(tmp_path / "runtime.onnx")]) == 0
+    assert "--runtime" in capsys.readouterr().err
+    written = onnx.load(str(tmp_path / "runtime.onnx"))
+    assert [d.dim_value for d in written.graph.output[0].type.tensor_type.shape.dim] == [3, 1]
+    [t] = [v for v in written.graph.value_info if v.name == "t"]
+    assert t.type.tensor_type.elem_type == F and len(t.type.tensor_type.shape.dim) == 2  # the stale note replaced

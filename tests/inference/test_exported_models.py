@@ -1,6 +1,6 @@
 """Whole-model inference on the real-architecture models of ``onnx_quant.exported_models``
-(YOLO head, paddle2onnx MobileNetV3, torch transformer, CRNN with a bidirectional LSTM, an
-If/Loop state model), float and quantized by onnxruntime (QOperator, QDQ, dynamic):
+(YOLO head, an anchor-free YOLO head with float anchor grids, paddle2onnx MobileNetV3, torch
+transformer, CRNN with a bidirectional LSTM, an If/Loop state model), float and quantized by onnxruntime (QOperator, QDQ, dynamic):
 
 - every value of the main graph and of every If/Loop body gets an element type and a full
   shape (ints or symbols), and the model checks clean in strict mode;
@@ -174,3 +174,21 @@ def test_exporter_shape_subgraphs_resolve_to_expressions(models):
     assert v["x"].shape == (p("x_dim0"), 3, p("x_dim2"), p("x_dim3"))
     first_conv = next(n for n in mobilenet.graph.node if n.op_type == "Conv").output[0]
     assert v[first_conv].shape[2:] == (p("floor((x_dim2 + 1) / 2)"), p("floor((x_dim3 + 1) / 2)"))
+
+
+@pytest.mark.parametrize("form", em.FORMS)
+def test_float_anchor_grids_resolve_to_exact_expressions(models, form):
+    """The anchor-free head's grids are float (``Range(0.0, Cast<float>(Gather(Shape(p), 3)),
+    1.0) + 0.5``) and its second level is sized by float arithmetic (``int(h / 4)``): every value downstream, their Q/DQ pairs included, has the exact
+    expression, and the anchors total the two levels' cells."""
+    p = dims.parse
+    model = models[f"yolo_anchors-{form}"]
+    v = inference.infer_values(_undeclared(model), strict=True)
+    levels = [(p("floor(height / 2)"), p("floor(width / 2)")), (p("floor(height / 4)"), p("floor(width / 4)"))]
+    assert sorted(v[r].shape for r in _by_op(model, "Range")) == sorted((d,) for lv in levels for d in lv)
+    cells = [dims.mul(h, w) for h, w in levels]
+    grids = [v[r].shape for r in _by_op(model, "Reshape") if v[r].shape[-1:] == (2,)]
+    assert grids == [(c, 2) for c in cells]
+    anchors = dims.add(*cells)
+    assert v["y"].shape == (p("batch"), 7, anchors)
+    assert {v[t].shape for t in _by_op(model, "Transpose")} == {(2, anchors), (1, anchors)}

@@ -19,7 +19,7 @@ MEMBERS = {name for name in vars(protocol.InferencePass) if not name.startswith(
 
 def test_the_protocol_names_what_the_helpers_need():
     assert {"strict", "opsets", "diagnostics", "raise_or_record", "from_type_proto", "dispatch_table", "walk",
-            "infer_body", "body_outputs"} == MEMBERS
+            "infer_body", "body_outputs", "forced", "note_rank_split"} == MEMBERS
 
 
 def test_the_engine_pass_has_every_member():
