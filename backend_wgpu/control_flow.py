@@ -24,7 +24,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnx_quant.dtypes import element_type
-from onnx_quant.errors import ExecutionError, QuantError
+from onnx_quant.errors import ExecutionError, QuantError, in_context
 
 from .graph_index import free_names, with_nested
 
@@ -77,8 +77,9 @@ class ControlFlow:
         """The body sessions built so far (their host nodes are the node's)."""
         return [session for session, _ in self._sessions.values()]
 
-    def _fail(self, what: str) -> ExecutionError:
-        return ExecutionError(f"node {self.info.label!r} ({self.info.node.op_type}): {what}")
+    def _fail(self, what: str, cause: QuantError | None = None) -> ExecutionError:
+        text = f"node {self.info.label!r} ({self.info.node.op_type}): {what}"
+        return ExecutionError(text) if cause is None else in_context(cause, text)
 
     def _body(self, attr: str, explicit: list[np.ndarray], outer: Mapping[str, Any]) -> tuple[Any, list[str]]:
         """The body's Session (built on first use) and the names of its graph inputs."""
@@ -123,7 +124,7 @@ class ControlFlow:
         try:
             outs = session.run(None, feeds)
         except QuantError as e:
-            raise self._fail(f"{attr}: {e}") from None
+            raise self._fail(f"{attr}: {e}", e) from None
         self.absorb(session.last_run_stats)
         return outs
 

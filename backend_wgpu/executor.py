@@ -32,6 +32,7 @@ import numpy as np
 from onnx_quant.errors import ExecutionError
 
 from .device import release_quietly
+from . import index_check
 from .device_value import DeviceValue
 from .packing import etype as _etype, pack_array, packed_nbytes, unpack_array  # noqa: F401 (re-exported)
 from .pipelines import layout_key
@@ -128,6 +129,9 @@ def prepare(device, plan: KernelPlan, *, node: str = "") -> PreparedPlan:
                 data = bytes(b.data)
                 data += b"\0" * ((-len(data)) % 4)
                 device.upload(buf, data)
+        elif b.role == "node_id":  # a plan run alone is node 0 (the graph compiler numbers its own)
+            buf = device.allocate_uniform(b.byte_size, label=label)
+            device.upload(buf, bytes(b.data))
         else:
             buf = device.allocate(b.byte_size, label=label)
             if b.role == "data":  # plan-time data (a spec intermediate's `data`): written once
@@ -147,7 +151,7 @@ def prepare(device, plan: KernelPlan, *, node: str = "") -> PreparedPlan:
     outputs = []
     offset = 0
     for b in plan.buffers.values():
-        if b.role == "output":
+        if b.role in ("output", "errors"):  # the index checks' record comes back with the outputs
             outputs.append((b, offset))
             offset += buffers[b.name].size
     staging = device.allocate_staging(offset, label=f"{plan.kernel}/{plan.variant}/staging") if outputs else None
@@ -168,6 +172,15 @@ def release_plan(device, plan: KernelPlan) -> bool:
     del cache[id(plan)]
     _release(hit[1])
     return True
+
+
+def _raise_index_fault(device, buffer, raw, describe) -> None:
+    """Raise the IndexRangeError of a read-back error record (index_check.py), once the device's
+    buffer is zeroed for the next run; nothing when no kernel flagged an index."""
+    err = index_check.fault(raw, describe)
+    if err is not None:
+        device.upload(buffer, index_check.ZEROS)
+        raise err
 
 
 def _release(prepared: PreparedPlan) -> None:
@@ -211,6 +224,13 @@ def run_plan(device, plan: KernelPlan, inputs: Mapping[str, np.ndarray], *, node
     if raw is None:
         return results
     for b, off in prep.outputs:
+        if b.role == "errors":
+            _raise_index_fault(device, prep.buffers[b.name], memoryview(raw)[off:off + index_check.ERROR_BYTES],
+                               lambda _node, k: (f"node {node!r} ({plan.kernel})" if node else f"kernel {plan.kernel}",
+                                                 repr(index_check.input_name(plan, k))))
+    for b, off in prep.outputs:
+        if b.role == "errors":
+            continue
         shape = tuple(b.shape) if b.shape is not None else (b.byte_size // max(1, _etype(b.onnx_type).dtype.itemsize),)
         results[b.name] = unpack_array(memoryview(raw)[off:off + prep.buffers[b.name].size], b.onnx_type, shape)
     return results
@@ -302,6 +322,8 @@ class PreparedGraph:
     dispatches: dict[int, list[tuple]]
     staging: Any = None
     staging_size: int = 0
+    #: the index checks' error record (index_check.py): one buffer for every checking pass of the plan
+    errors: Any = None
     #: requested outputs -> per segment index: [(root, offset, nbytes)]
     readback_layouts: dict[tuple, dict[int, list[tuple[str, int, int]]]] = field(default_factory=dict)
     #: (segment, requested roots) -> (flat command list, dispatches): a run's prebuilt program
@@ -433,6 +455,11 @@ def prepare_graph(device, gplan: GraphPlan, res: SessionResources, constants: Ma
                 return once_buffers[where[1]], 0
             if kind == "absent":
                 return res.zero_buffer(where[1]), 0
+            if kind == "errors":
+                if index_check.READBACK_KEY not in once_buffers:
+                    once_buffers[index_check.READBACK_KEY] = res.allocate(index_check.ERROR_BYTES, label="index errors")
+                    created.append(once_buffers[index_check.READBACK_KEY])
+                return once_buffers[index_check.READBACK_KEY], 0
             if kind == "uniform":
                 return uniform, where[1]
             raise ExecutionError(f"node {step.label}: buffer {bname}: unknown placement {where!r}")  # pragma: no cover
@@ -472,15 +499,38 @@ def prepare_graph(device, gplan: GraphPlan, res: SessionResources, constants: Ma
                        f"{step.label}/{p.id}", (compiled.pipeline._internal, bg._internal))
                 (hoisted if i < step.hoisted else mine).append(cmd)
         prologue = [c for st in gplan.prologue for c in dispatches[st.index]] + hoisted
+        errors = once_buffers.get(index_check.READBACK_KEY)
         if prologue:  # constants computed on the device, once per plan
-            device.submit(prologue, label="plan constants")
+            checked = errors is not None and any(index_check.checks(st.plan) for st in gplan.prologue)
+            staging = res.allocate(index_check.ERROR_BYTES, label="prologue index errors", kind="staging") \
+                if checked else None
+            created += [staging] if checked else []
+            copy = [("copy", errors, 0, staging, 0, index_check.ERROR_BYTES)] if checked else []
+            raw = device.submit(prologue + copy, label="plan constants", read=staging,
+                                read_size=index_check.ERROR_BYTES if checked else None)
             stats.submits += 1
             stats.prologue_dispatches += len(prologue)
+            if raw is not None:
+                _raise_index_fault(device, errors, memoryview(raw), _describer(gplan))
     except BaseException:
         for buf in created:
             _destroy(buf)
         raise
-    return PreparedGraph(gplan, slots, uniform, fold_buffers, once_buffers, dispatches, shaders=seen_shaders)
+    return PreparedGraph(gplan, slots, uniform, fold_buffers, once_buffers, dispatches, shaders=seen_shaders,
+                         errors=errors)
+
+
+def _describer(gplan: GraphPlan):
+    """describe(node id, input ordinal) of index_check.fault over a graph plan's GPU steps."""
+    def describe(node_id: int, ordinal: int) -> tuple[str, str]:
+        step = next((st for st in gplan.gpu_steps if st.index == node_id), None)
+        if step is None:
+            return f"node #{node_id}", f"#{ordinal}"
+        name = index_check.input_name(step.plan, ordinal)
+        where = step.buffers.get(name, ())
+        value = f" (value {where[1]!r})" if len(where) > 1 and where[0] == "value" else ""
+        return f"node {step.label!r} ({step.op_type})", f"{name!r}{value}"
+    return describe
 
 
 def release_graph(prep: PreparedGraph | None) -> None:
@@ -519,6 +569,8 @@ def _readback_layout(prep: PreparedGraph, wanted_roots: frozenset[str]) -> dict[
                     n = max(4, (r.nbytes + 3) // 4 * 4)
                     entries.append((root, offset, n))
                     offset += n
+        if any(index_check.checks(st.plan) for st in seg.steps):  # the error record rides along
+            entries.append((index_check.READBACK_KEY, offset, index_check.ERROR_BYTES))
         layout[seg.index] = entries
     prep.readback_layouts[key] = layout
     return layout
@@ -640,7 +692,12 @@ def run_graph(
         stats.readbacks += 1
         stats.bytes_read_back += total
         mv = memoryview(raw)
+        if entries and entries[-1][0] == index_check.READBACK_KEY:  # before any value is trusted
+            off = entries[-1][1]
+            _raise_index_fault(device, prep.errors, mv[off:off + index_check.ERROR_BYTES], _describer(gplan))
         for root, off, n in entries:
+            if root == index_check.READBACK_KEY:
+                continue
             r = gplan.roots[root]
             host_values[root] = unpack_array(mv[off:off + n], r.onnx_type, tuple(r.shape or ()))
     if profiler is not None:
@@ -669,6 +726,9 @@ def _segment_groups(prep: PreparedGraph, seg: Segment, entries: list, kept_roots
                 kept[root] = res.allocate(n, label=f"kept output {root}")
                 cmds.append(("copy", src, 0, kept[root], 0, n))
         groups.append((gs, cmds))
+    if index_check.READBACK_KEY in offsets and groups:  # after the segment's last dispatch
+        off, n = offsets[index_check.READBACK_KEY]
+        groups[-1][1].append(("copy", prep.errors, 0, prep.staging, off, n))
     return groups
 
 

@@ -42,6 +42,7 @@ from . import data_dependent as dd
 from ..inference import infer_values
 from .device_info import DeviceInfo
 from .graph_index import attributes, concrete
+from .index_check import node_id_data
 from .packing import device_nbytes
 from .placement import (
     ModelFacts, NodeInfo, classify, live_nodes, node_overrides, op_name, place, placement_report,
@@ -505,6 +506,10 @@ def _step_buffers(info: NodeInfo, plan: Any, root_of: Callable[[str], str], on_d
             absent += 1
         elif bp.role == "uniform":
             where[bname] = ("uniform", *uniforms.add(bp.byte_size, bp.data))
+        elif bp.role == "node_id":  # this node's own index: the error records name it (index_check.py)
+            where[bname] = ("uniform", *uniforms.add(bp.byte_size, node_id_data(info.index)))
+        elif bp.role == "errors":
+            where[bname] = ("errors",)
         else:  # pragma: no cover - planner contract
             raise ExecutionError(f"node {info.label!r}: buffer {bname}: unknown role {bp.role!r}")
     return where
@@ -651,7 +656,7 @@ def hoist_constant_passes(plan: Any, buffers: Mapping[str, tuple], roots: Mappin
         for b in p.bindings:
             where = buffers[b.buffer]
             role = plan.buffers[b.buffer].role
-            if role == "output" or (role == "input" and roots[where[1]].origin not in constant):
+            if role in ("output", "errors") or (role == "input" and roots[where[1]].origin not in constant):
                 ok = False
                 break
         if not ok:

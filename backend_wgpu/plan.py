@@ -55,6 +55,9 @@ class PassPlan:
     context: dict[str, Any]                      # variables the template is rendered with
     bindings: tuple[BindingPlan, ...]
     dispatch: tuple[int, int, int]
+    #: the spec's own folder, searched for ``shader`` (and what it includes) before the installed
+    #: templates; None: the installed templates only
+    template_dir: str | None = None
 
 
 @dataclass(frozen=True)

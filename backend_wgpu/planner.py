@@ -22,6 +22,7 @@ from onnx import numpy_helper
 from onnx_quant.dtypes import UnknownElementType, element_type
 from onnx_quant.errors import ExecutionError, ExpressionError, KernelRejected, SpecError
 
+from . import index_check
 from .device_info import WEBGPU_DEFAULT_LIMITS, DeviceInfo
 from .expr import Env, Expr, evaluate_value, type_name
 from .packing import device_nbytes
@@ -425,6 +426,11 @@ def plan_node(
         if pp is not None:
             passes.append(pp)
 
+    # 6. the check pass of the indexChecks inputs, first (backend_wgpu/index_check.py)
+    check = index_check.check_pass(spec.name, chosen.id, _index_checks(spec, env_v, io_types, present, vwhere), buffers)
+    if check is not None:
+        passes.insert(0, check)
+
     return NodePlan(
         kernel=spec.name, variant=chosen.id, derived={**top, **vvals}, buffers=buffers,
         passes=tuple(passes), selection=selection, node=node_label,
@@ -656,7 +662,21 @@ def _plan_pass(spec: KernelSpec, variant: Variant, p: Pass, env_v: Env, top: Map
         "present": dict(present or {}),
         "values": {k: list(v) for k, v in env_v.values.items()},
     }
-    return PassPlan(p.id, p.name, p.shader, context, tuple(bindings), (dispatch[0], dispatch[1], dispatch[2]))
+    return PassPlan(p.id, p.name, p.shader, context, tuple(bindings), (dispatch[0], dispatch[1], dispatch[2]),
+                    spec.directory or None)
+
+
+def _index_checks(spec: KernelSpec, env: Env, io_types: Mapping[str, str], present: Mapping[str, bool],
+                  where: str) -> list[tuple]:
+    """The present ``indexChecks`` inputs: (check, ordinal, variable, dtype, element count, bounds, ignore)."""
+    out = []
+    for k, c in enumerate(spec.index_checks):
+        if present.get(c.input):
+            f = f"indexChecks.{c.input}"
+            out.append((c, k + 1, c.input, io_types[c.input], math.prod(env.shapes[c.input]),
+                        _eval(c.bounds, env, where, f"{f}.bounds"),
+                        None if c.ignore is None else _eval(c.ignore, env, where, f"{f}.ignore")))
+    return out
 
 
 def _plan_uniforms(p: Pass, names: Sequence[str], derived: Mapping[str, Any], bindings: Sequence[BindingPlan],

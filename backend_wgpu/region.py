@@ -17,7 +17,7 @@ import onnx
 from onnx import helper
 
 from onnx_quant.dtypes import element_type
-from onnx_quant.errors import ExecutionError, QuantError
+from onnx_quant.errors import ExecutionError, QuantError, in_context
 
 from .device_value import DeviceValue
 
@@ -69,8 +69,9 @@ class DataDependentRegion:
     def body_sessions(self) -> list[Any]:
         return [] if self._session is None else [self._session]
 
-    def _fail(self, what: str) -> ExecutionError:
-        return ExecutionError(f"node {self.info.label!r} (NonZero's region): {what}")
+    def _fail(self, what: str, cause: QuantError | None = None) -> ExecutionError:
+        text = f"node {self.info.label!r} (NonZero's region): {what}"
+        return ExecutionError(text) if cause is None else in_context(cause, text)
 
     def _feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         """The body's feeds: each Y a view of the first rank * count elements of its padded buffer."""
@@ -114,6 +115,6 @@ class DataDependentRegion:
         try:
             outs = session.run(None, body_feeds)
         except QuantError as e:
-            raise self._fail(str(e)) from None
+            raise self._fail(str(e), e) from None
         self.absorb(session.last_run_stats)
         return outs

@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import functools
 import json
+from pathlib import Path
 from typing import Any, Mapping
 
 import jinja2
 
 from onnx_quant import cache_dir
-from onnx_quant.errors import DeviceError
+from onnx_quant.errors import DeviceError, SpecError
 
 from . import plan_cache, resize_taps, uniforms
 from .einsum import einsum_plan
@@ -82,10 +83,28 @@ def _bytecode_cache() -> jinja2.BytecodeCache | None:
         return None
 
 
+def search_path(folder: str | None = None) -> tuple[str, ...]:
+    """Where a pass's templates are looked up: a user spec folder first (its own shaders), then
+    the installed templates (the snippets every shader includes)."""
+    installed = str(templates_dir())
+    if folder is None:
+        return (installed,)
+    try:
+        same = Path(folder).resolve() == Path(installed).resolve()
+    except OSError:
+        same = False
+    return (installed,) if same else (str(folder), installed)
+
+
+def environment(folder: str | None = None) -> jinja2.Environment:
+    """The Jinja environment over :func:`search_path` (one per search path)."""
+    return _environment(search_path(folder))
+
+
 @functools.lru_cache(maxsize=None)
-def environment() -> jinja2.Environment:
+def _environment(path: tuple[str, ...]) -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        loader=jinja2.FileSystemLoader(list(path)),
         bytecode_cache=_bytecode_cache(),
         undefined=jinja2.StrictUndefined,
         autoescape=False,
@@ -126,13 +145,13 @@ def _check_bindings(pass_plan: PassPlan, context: Mapping[str, Any]) -> None:
         )
 
 
-def render_source(template: str, context: Mapping[str, Any]) -> str:
-    """Render one template file (name relative to ``templates/``) with a context."""
-    env = environment()
+def render_source(template: str, context: Mapping[str, Any], folder: str | None = None) -> str:
+    """Render one template file (name relative to ``folder``, then ``templates/``) with a context."""
+    env = environment(folder)
     try:
         return env.get_template(template).render(**context)
     except jinja2.TemplateNotFound as e:
-        raise DeviceError(f"template {template}: not found in {templates_dir()}: {e}") from None
+        raise DeviceError(f"template {template}: not found in {' or '.join(search_path(folder))}: {e}") from None
     except jinja2.UndefinedError as e:
         raise DeviceError(f"template {template}: {e} (the plan's context does not provide it)") from None
     except jinja2.TemplateError as e:
@@ -158,8 +177,18 @@ def _render_context(pass_plan: PassPlan) -> dict[str, Any]:
 def pipeline_key(pass_plan: PassPlan) -> tuple:
     """The pass's pipeline key, computed without rendering (``uniforms.pipeline_key``): the
     template and the values of the context names it reads, runtime uniforms by name and type only."""
-    return uniforms.pipeline_key(environment(), pass_plan.shader, _render_context(pass_plan),
-                                 _template_reads(pass_plan.shader))
+    path = search_path(pass_plan.template_dir)
+    env = environment(pass_plan.template_dir)
+    try:
+        # the on-disk reads cache keys on the template's name: a user folder's shaders are read afresh
+        reads = _template_reads(pass_plan.shader) if len(path) == 1 else uniforms.template_reads(env, pass_plan.shader)
+        key = uniforms.pipeline_key(env, pass_plan.shader, _render_context(pass_plan), reads)
+    except jinja2.TemplateNotFound as e:
+        raise SpecError(str(Path(path[0]) / pass_plan.shader), "shader",
+                        f"template {e.name!r} not found in {' or '.join(path)}") from None
+    except jinja2.TemplateSyntaxError as e:
+        raise SpecError(str(e.filename or pass_plan.shader), "shader", f"line {e.lineno}: {e.message}") from None
+    return key if len(path) == 1 else (path, *key)
 
 
 _READS = plan_cache.TemplateReads()
@@ -179,7 +208,7 @@ def render(pass_plan: PassPlan) -> str:
     context = _render_context(pass_plan)
     _check_bindings(pass_plan, context)
     try:
-        return render_source(pass_plan.shader, context)
+        return render_source(pass_plan.shader, context, pass_plan.template_dir)
     except DeviceError as e:
         kernel = context.get("kernel", "?")
         variant = context.get("variant", "?")

@@ -285,6 +285,12 @@ def tap_table(taps: Sequence[AxisTaps], in_shape: Sequence[int], nearest: bool) 
 
 
 
+#: the longest resized axis the tables take: 2^24 rows are 128 MiB of float64 coordinates while
+#: they are computed, and an output that long is beyond what a kernel binds; longer ones decline
+#: (the host runs them, its outputs checked against the memory budget first)
+MAX_TABLE_ROWS = 2**24
+
+
 def resize_tables(in_shape: Sequence[int], out_shape: Sequence[int], mode: str, ctm: str, nearest_mode: str,
                   cubic_a: float, exclude_outside: int, antialias: int, policy: str, axes: Sequence[int],
                   legacy: bool, scales: Sequence[float], sizes: Sequence[int], roi: Sequence[float],
@@ -297,6 +303,8 @@ def resize_tables(in_shape: Sequence[int], out_shape: Sequence[int], mode: str, 
     weight, outside), 0 where absent: runtime uniforms), ``words`` the u32 table (the ``data`` of
     the ``tables`` intermediate); ``ok`` is false when the settings give no tables (an unknown
     mode, a size the scales do not give): the spec's when clauses decline those."""
+    if any(int(o) > MAX_TABLE_ROWS for i, o in zip(in_shape, out_shape) if int(o) != int(i)):
+        return ((), (), (), 0, False)  # checked before numpy allocates the rows (scales 1e9: 15 GiB)
     try:
         taps = resize_axes(in_shape, out_shape, mode=mode, scales=scales, sizes=sizes, roi=roi, roi_dtype=roi_dtype,
                            axes=axes, coordinate_transformation_mode=ctm, nearest_mode=nearest_mode,

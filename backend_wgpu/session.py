@@ -33,6 +33,7 @@ requested outputs need, through one persistent staging buffer per plan. docs/bac
 
 from __future__ import annotations
 
+import builtins
 import os
 import threading
 import time
@@ -47,7 +48,7 @@ import onnx
 from onnx_quant.budget import resolve as resolve_budget
 from onnx_quant.dim_text import is_anonymous
 from onnx_quant.dtypes import element_type, ort_type, type_name
-from onnx_quant.errors import ExecutionError, HostFallbackWarning, QuantError
+from onnx_quant.errors import BudgetError, ExecutionError, HostFallbackWarning, IndexRangeError, QuantError
 from onnx_quant.model_io import initializer_arrays, load_model
 
 from . import data_dependent as dd
@@ -419,8 +420,14 @@ class Session:
                 warnings.simplefilter("ignore")
                 outs = ev.run(None, feeds)
         except Exception as e:
-            raise ExecutionError(f"node {step.label!r} ({step.op_type}) failed on the host (onnx.reference): "
-                                 f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+            what = f"node {step.label!r} ({step.op_type}) failed on the host (onnx.reference)"
+            text = str(e).splitlines()[0] if str(e) else ""
+            if isinstance(e, MemoryError):  # beyond what the machine gives now, though within the budget
+                raise BudgetError(f"{what}: the allocation failed: {text or 'MemoryError'} (memory budget "
+                                  f"{self.budget.limit} bytes; set ONNX_QUANT_MEMORY_BUDGET lower)") from None
+            if isinstance(e, builtins.IndexError):  # numpy's out-of-bounds index (Gather, Scatter...)
+                raise IndexRangeError(f"{what}: index out of range: {text}") from None
+            raise ExecutionError(f"{what}: {type(e).__name__}: {text}") from None
         return self._typed_outputs(step, outs)
 
     def _typed_outputs(self, step: HostStep, outs: Sequence[Any]) -> list[Any]:

@@ -24,7 +24,8 @@ from onnx_quant.errors import ExpressionError, SpecError
 from . import spec_versions
 from .expr import RESERVED_NAMES, Expr, Scope, Value, parse, suggest
 from .spec_model import (
-    ACCESS_BY_BUFFER, CONTEXT_KEYS, DEFAULT_DOMAIN, AttributeDecl, BindingDecl, Derive, Intermediate, KernelSpec,
+    ACCESS_BY_BUFFER, CONTEXT_KEYS, DEFAULT_DOMAIN, AttributeDecl, BindingDecl, Derive, IndexCheck, Intermediate,
+    KernelSpec,
     Pass, PassBinding, StructMember, TensorDecl, Tunable, Variant, wgsl_type_layout,
 )
 
@@ -32,7 +33,8 @@ from .spec_model import (
 # --------------------------------------------------------------------------- loading
 
 _TOP_KEYS = {"domain", "name", "sinceVersion", "untilVersion", "inputs", "outputs", "typeConstraints",
-             "tunables", "derive", "bindings", "variants", "description", "attributes", "uniforms"}
+             "tunables", "derive", "bindings", "variants", "description", "attributes", "uniforms",
+             "indexChecks"}
 _TOP_REQUIRED = {"name", "sinceVersion", "inputs", "outputs", "typeConstraints", "variants"}
 _IO_KEYS = {"dtype", "rank", "shape", "optional", "constant"}
 _ATTRIBUTE_KEYS = {"default", "required", "description", "fixed"}
@@ -446,7 +448,22 @@ class _Loader:
             variants=tuple(variants), path=self.file, directory=str(self.dir), description=description,
             attributes=attributes, until_version=until,
             uniforms=self.uniform_names(top.get("uniforms", []), "uniforms"),
+            index_checks=self.index_checks(top.get("indexChecks", {}), inputs, top_scope),
         )
+
+    def index_checks(self, v: Any, inputs: Mapping[str, Any], scope: Scope) -> tuple[IndexCheck, ...]:
+        """``indexChecks``: input -> {bounds, fromZero, ignore} (docs/kernel-spec.md)."""
+        d = self.obj(v, "indexChecks", set(inputs))
+        out = []
+        for name, decl in d.items():
+            f = f"indexChecks.{name}"
+            c = self.obj(decl, f, {"bounds", "fromZero", "ignore"}, {"bounds"})
+            from_zero = c.get("fromZero", False)
+            if not isinstance(from_zero, bool):
+                raise self.err(f"{f}.fromZero", f"expected true or false, found {_json_type(from_zero)}")
+            ignore = self.expr(c["ignore"], f"{f}.ignore", scope) if "ignore" in c else None
+            out.append(IndexCheck(name, self.expr(c["bounds"], f"{f}.bounds", scope), from_zero, ignore))
+        return tuple(out)
 
     def attribute_default(self, v: Any, fld: str) -> Any:
         """A JSON attribute default: int, float, string or a non-empty-or-empty list of numbers."""
@@ -595,12 +612,13 @@ class _Loader:
         sp = Path(shader)
         if sp.is_absolute() or ".." in sp.parts or "\\" in shader:
             raise self.err(f"{fld}.shader", f"{shader!r} must be a relative path inside the templates folder")
+        folders = list(dict.fromkeys([self.dir, templates_dir()]))  # the spec's folder, then the installed one
         try:
-            exists = (self.dir / sp).is_file()
+            exists = any((d / sp).is_file() for d in folders)
         except (OSError, ValueError) as e:
             raise self.err(f"{fld}.shader", f"unusable shader path: {e.__class__.__name__}") from None
         if not exists:
-            raise self.err(f"{fld}.shader", f"shader file {shader!r} not found in {self.dir}")
+            raise self.err(f"{fld}.shader", f"shader file {shader!r} not found in {' or '.join(map(str, folders))}")
         pname = self.string(d["name"], f"{fld}.name") if "name" in d else pid
         pderive = self.derive(d.get("derive", {}), f"{fld}.derive", vscope, v_defined)
         pscope = vscope.with_names(pderive.names)

@@ -16,7 +16,7 @@ DEFAULT_DOMAIN = "ai.onnx"
 #: Keys the planner puts into every pass's template context; derived names may not use them.
 CONTEXT_KEYS = frozenset({
     "kernel", "variant", "pass_id", "tunables", "bindings", "binding", "features", "workgroup_size",
-    "attrs", "dtypes", "present", "values",
+    "attrs", "dtypes", "present", "values", "index_checks",
 })
 
 #: The ``buffer`` key of a binding -> BindingPlan.access.
@@ -228,6 +228,18 @@ class Variant:
     description: str = ""
 
 
+@dataclass(frozen=True)
+class IndexCheck:
+    """An ``indexChecks`` entry: every element n of ``input`` must lie in [-b, b) (``from_zero``:
+    [0, b)) for b = ``bounds``[n % len(bounds)] (a list of ints over the top-level scope), unless
+    it equals ``ignore`` (an int expression; a loss's ignore_index)."""
+
+    input: str
+    bounds: Expr
+    from_zero: bool = False
+    ignore: Expr | None = None
+
+
 @dataclass(frozen=True, eq=False)
 class KernelSpec:
     """A loaded, validated ``*.kernel.json``. Hashable by identity."""
@@ -250,6 +262,9 @@ class KernelSpec:
     until_version: int | None = None
     #: derived values every pass's template gets as runtime uniforms (backend_wgpu/uniforms.py)
     uniforms: tuple[str, ...] = ()
+    #: inputs whose runtime values (indices, labels) a check pass verifies on the device
+    #: (index_check.py: the check pass, the error buffer, the node's id, the read-back)
+    index_checks: tuple[IndexCheck, ...] = ()
 
     @property
     def io(self) -> dict[str, TensorDecl]:

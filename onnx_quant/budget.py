@@ -7,7 +7,8 @@ that asks for 4 TiB is refused in microseconds with a line naming the node or te
 bytes needed and the budget, instead of exhausting the machine.
 
 The default is half of the memory available when the budget is first read (``MemAvailable``
-in /proc/meminfo, else physical memory), at least 256 MiB. ``ONNX_QUANT_MEMORY_BUDGET``
+in /proc/meminfo, else physical memory; less where the cgroup's limit or the process's
+address-space rlimit leaves less), at least 256 MiB. ``ONNX_QUANT_MEMORY_BUDGET``
 (bytes, or with a K/M/G/T suffix, powers of 1024) or ``Session(..., memory_budget=)``
 changes it. docs/security.md describes what is checked.
 """
@@ -28,7 +29,17 @@ _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
 def available_memory() -> int:
-    """Bytes of memory available to this process now (MemAvailable, else physical memory)."""
+    """Bytes of memory this process can still take: the least of what the machine has available
+    (MemAvailable, else physical memory), what the cgroup it runs in still allows (v2
+    memory.max, v1 memory.limit_in_bytes, less the usage) and what its address-space / data
+    rlimits leave above its current size (``ulimit -v``: numpy raises MemoryError there however
+    much the machine has)."""
+    found = [_meminfo_available()]
+    found += [n for n in (_cgroup_headroom(), _rlimit_headroom()) if n is not None]
+    return max(0, min(found))
+
+
+def _meminfo_available() -> int:
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -40,6 +51,49 @@ def available_memory() -> int:
         return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
     except (OSError, ValueError, AttributeError):
         return 8 * 2**30
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _cgroup_headroom() -> int | None:
+    """The cgroup's memory limit less its usage (None without a limit)."""
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        limit = _read_int(limit_file)
+        if limit is not None and limit < 2**60:  # v1 writes "no limit" as a page-rounded 2^63
+            return limit - (_read_int(usage_file) or 0)
+    return None
+
+
+def _rlimit_headroom() -> int | None:
+    """RLIMIT_AS / RLIMIT_DATA less the process's current virtual / data size (None: unlimited)."""
+    try:
+        import resource  # noqa: PLC0415 - POSIX only
+    except ImportError:  # pragma: no cover - Windows
+        return None
+    sizes = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("VmSize", "VmData"):
+                    sizes[key] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    room = []
+    for which, key in ((resource.RLIMIT_AS, "VmSize"), (resource.RLIMIT_DATA, "VmData")):
+        soft = resource.getrlimit(which)[0]
+        if soft != resource.RLIM_INFINITY:
+            room.append(soft - sizes.get(key, 0))
+    return min(room) if room else None
 
 
 def parse_size(text: str, what: str = ENV) -> int:

@@ -6,7 +6,7 @@ each subcommand lives beside the code it drives (``inference.commands``,
 
 Exit codes: 0 success; 1 the model has problems (``check``) or a run/conformance failed;
 2 unusable input (missing file, not ONNX, bad arguments -- ``ArgumentError``: a malformed option,
-a feed or shape the model cannot take --, beyond the memory budget).
+a feed or shape the model cannot take --, beyond the memory budget, an index out of range).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import sys
 import warnings
 from typing import Callable, Sequence
 
-from onnx_quant.errors import ArgumentError, BudgetError, HostFallbackWarning, ModelLoadError, QuantError
+from onnx_quant.errors import (ArgumentError, BudgetError, HostFallbackWarning, IndexRangeError, ModelLoadError,
+                               QuantError)
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_UNUSABLE = 0, 1, 2
 
@@ -260,7 +261,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         handler = getattr(importlib.import_module(module_name), func_name)
         return _call(args.command, handler, args)
-    except (ModelLoadError, BudgetError, ArgumentError) as e:  # input unusable, beyond the memory budget, bad arguments
+    except (ModelLoadError, BudgetError, ArgumentError, IndexRangeError) as e:  # input unusable, beyond the
+        # memory budget, bad arguments, a feed whose index is out of range
         if debug:
             raise
         print(f"onnx-quant {args.command}: error: {e}", file=sys.stderr)

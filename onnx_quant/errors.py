@@ -107,6 +107,30 @@ class BudgetError(ExecutionError):
     that cannot be an allocation (a negative dim): names the node or tensor, bytes and budget."""
 
 
+class IndexRangeError(ExecutionError, IndexError):
+    """A runtime index (a Gather / GatherElements / GatherND / Scatter* index, a label, a
+    position id) outside the range its input allows, which ONNX makes an error: found by the
+    kernel on the device (its per-run error buffer, read back with the outputs) or by the host
+    run, before any output is returned. Also a builtin ``IndexError`` (``except IndexError``
+    catches it). ``node``, ``input`` (the node's input, as named in the model), ``index`` and
+    ``bound`` (the axis length: the range is [-bound, bound)) are set when the device found it;
+    the CLI exits 2 (bad input)."""
+
+    def __init__(self, message: str, *, node: str | None = None, input: str | None = None,
+                 index: int | None = None, bound: int | None = None) -> None:
+        self.node, self.input, self.index, self.bound = node, input, index, bound
+        super().__init__(message)
+
+
+def in_context(cause: QuantError, text: str) -> ExecutionError:
+    """``text`` (the cause's message with the outer node named) as an error of the cause's
+    bad-input class where it has one (IndexRangeError, BudgetError: the CLI's exit 2), else a
+    plain ExecutionError: how a body session's (If / Loop / Scan, NonZero's region) error leaves it."""
+    if isinstance(cause, IndexRangeError):
+        return IndexRangeError(text, node=cause.node, input=cause.input, index=cause.index, bound=cause.bound)
+    return BudgetError(text) if isinstance(cause, BudgetError) else ExecutionError(text)
+
+
 class QuantWarning(UserWarning):
     """Base of every warning onnx-quant issues on purpose."""
 

@@ -10,7 +10,7 @@ from typing import Any, Union
 import onnx
 from google.protobuf.message import DecodeError
 
-from onnx_quant.errors import ModelLoadError, QuantError
+from onnx_quant.errors import BudgetError, ModelLoadError, QuantError
 
 #: The model argument that names the built-in example instead of a file.
 EXAMPLE_NAME = "example"
@@ -122,6 +122,12 @@ def load_external(model: onnx.ModelProto, folder: str | os.PathLike | None, labe
         return
     try:
         onnx.external_data_helper.load_external_data_for_model(model, root)
+    except MemoryError:  # the budget allowed it, the machine did not (a limit the budget could not see)
+        total = sum(int(next((e.value for e in t.external_data if e.key == "length"), 0) or 0)
+                    for t in external_tensors(model))
+        raise BudgetError(f"{label}: external data of tensor(s) {', '.join(repr(t.name) for t in external_tensors(model))}: "
+                          f"{total} bytes could not be allocated (memory budget {budget.limit} bytes; set "
+                          f"ONNX_QUANT_MEMORY_BUDGET lower)") from None
     except (OSError, ValueError, onnx.checker.ValidationError) as e:
         raise ModelLoadError(f"{label}: cannot load external data: {_first_line(e)}") from None
 
@@ -187,6 +193,9 @@ def initializer_arrays(model: onnx.ModelProto, budget: Any) -> dict[str, Any]:
         budget.check_array(t.dims, max(8, bits), what)
         try:
             arrays[t.name] = numpy_helper.to_array(t)
+        except MemoryError:
+            raise BudgetError(f"{what} (shape {list(t.dims)}): could not be allocated (memory budget "
+                              f"{budget.limit} bytes; set ONNX_QUANT_MEMORY_BUDGET lower)") from None
         except Exception as e:  # numpy's reshape error does not say which tensor
             raise ModelLoadError(f"{what}: its data does not fill dims {list(t.dims)}: {_first_line(e)}") from None
     return arrays

@@ -177,12 +177,21 @@ def activate(name, x: np.ndarray, params=()) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- Q / DQ, every opset
 
+def _block(x: np.ndarray, axis: int, block_size: int) -> int:
+    """``block_size`` no larger than x's axis: the same blocks (one block covers an axis shorter
+    than it), without onnx.reference repeating the scale ``block_size`` times (2^40: TiBs)."""
+    if block_size and x.ndim and -x.ndim <= axis < x.ndim:
+        return min(int(block_size), max(1, x.shape[axis]))
+    return block_size
+
+
 class QuantizeLinear(OpRun):
     """QuantizeLinear 10-25 (onnx's newest implementation; integer targets saturate in float)."""
 
     op_domain = ""
 
     def _run(self, x, y_scale, zero_point=None, axis=1, saturate=1, block_size=0, output_dtype=0, precision=0):
+        block_size = _block(x, axis, block_size)
         target = onnx.helper.np_dtype_to_tensor_dtype(zero_point.dtype) if zero_point is not None else (
             output_dtype or onnx.TensorProto.UINT8)
         if target not in _QUANT_INTEGER_RANGES or x.size == 0:
@@ -208,7 +217,7 @@ class DequantizeLinear(OpRun):
     op_domain = ""
 
     def _run(self, x, x_scale, x_zero_point=None, axis=1, block_size=0, output_dtype=0):
-        return _CommonDequantizeLinear._run(self, x, x_scale, x_zero_point, axis=axis, block_size=block_size,
+        return _CommonDequantizeLinear._run(self, x, x_scale, x_zero_point, axis=axis, block_size=_block(x, axis, block_size),
                                             output_dtype=output_dtype or None)
 
 

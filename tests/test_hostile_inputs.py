@@ -500,3 +500,182 @@ def test_data_dependent_host_work_is_sized_from_its_inputs_before_it_runs(best, 
         warnings.simplefilter("ignore")
         out = s.run(None, small)[0]
     assert out.size == {"Range": 3, "ConstantOfShape": 6, "Tile": 6}[op]
+
+
+# ---------------------------------------------------------------- no raw MemoryError, no raw jinja2 error
+
+
+def sparse_external_model(folder: Path, nbytes: int = 4 * 2**30) -> Path:
+    """A model whose one initializer's external data is a sparse file of ``nbytes`` (no disk used)."""
+    w = numpy_helper.from_array(np.zeros(1, np.float32), "w")
+    w.ClearField("raw_data")
+    del w.dims[:]
+    w.dims.append(nbytes // 4)
+    w.data_location = T.EXTERNAL
+    for key, value in (("location", "big.bin"), ("offset", "0"), ("length", str(nbytes))):
+        entry = w.external_data.add()
+        entry.key, entry.value = key, value
+    g = h.make_graph([h.make_node("ReduceSum", ["w"], ["y"], name="sum", keepdims=0)], "g", [],
+                     [h.make_tensor_value_info("y", F, [])], [w])
+    folder.mkdir(parents=True, exist_ok=True)
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), str(folder / "m.onnx"))
+    with open(folder / "big.bin", "wb") as f:
+        f.truncate(nbytes)
+    return folder / "m.onnx"
+
+
+def limited_address_space(nbytes: int):
+    """A subprocess preexec_fn: ``ulimit -v`` (numpy raises MemoryError beyond it, whatever the machine has)."""
+    import resource
+
+    return lambda: resource.setrlimit(resource.RLIMIT_AS, (nbytes, nbytes))
+
+
+def test_external_data_beyond_the_address_space_is_a_budget_error(tmp_path):
+    path = sparse_external_model(tmp_path / "m")
+    # the default budget sees the rlimit (it was half of MemAvailable only: a raw MemoryError, exit 3)
+    p = subprocess.run([sys.executable, "-m", "onnx_quant", "run", str(path)], capture_output=True, text=True,
+                       timeout=120, preexec_fn=limited_address_space(3 * 2**30))
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    one_error_line(p.stderr.splitlines(), "run", "tensor 'w'", "needs 4294967296 bytes (4.0 GiB)", "memory budget")
+    api = ("from onnx_quant.model_io import load_model\nfrom onnx_quant.errors import BudgetError\n"
+           f"try:\n    load_model({str(path)!r}, load_external_data=True)\n"
+           "except BudgetError as e:\n    print('BudgetError', e)\n")
+    p = subprocess.run([sys.executable, "-c", api], capture_output=True, text=True, timeout=120,
+                       preexec_fn=limited_address_space(3 * 2**30))
+    assert p.stdout.startswith("BudgetError ") and "tensor 'w'" in p.stdout and "4294967296 bytes" in p.stdout, p
+
+
+def test_a_memory_error_while_loading_external_data_names_the_tensor(tmp_path, monkeypatch):
+    path = external_model(tmp_path / "m")
+
+    def fail(*_args, **_kw):
+        raise MemoryError()
+
+    # a limit the budget cannot see: the allocation fails, the error still names the tensor and the size
+    monkeypatch.setattr(onnx.external_data_helper, "load_external_data_for_model", fail)
+    with pytest.raises(BudgetError, match=r"external data of tensor\(s\) 'w': 16 bytes could not be allocated"):
+        load_model(str(path), load_external_data=True)
+
+
+def resize_model(scale: float = 1e9) -> onnx.ModelProto:
+    scales = numpy_helper.from_array(np.array([1, 1, scale, 1], np.float32), "scales")
+    g = h.make_graph([h.make_node("Resize", ["x", "", "scales"], ["y"], name="up", mode="nearest")], "g",
+                     [h.make_tensor_value_info("x", F, [1, 1, 2, 2])], [h.make_tensor_value_info("y", F, None)],
+                     [scales])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 19)])
+
+
+def test_a_resize_by_1e9_is_a_budget_error_before_numpy_allocates(best, tmp_path):
+    import time
+    import warnings
+
+    from onnx_quant.backend_wgpu.session import Session
+
+    model = resize_model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t0 = time.perf_counter()
+        # the kernel's tap tables decline an axis of 2e9 rows before computing them (15 GiB of
+        # float64 coordinates); the host node's output is then checked against the budget
+        with pytest.raises(BudgetError, match=r"node 'up' \(Resize\) output 'y' .*needs 16000000000 bytes"):
+            Session(model, device=best, memory_budget="1G").run(None, {"x": np.ones((1, 1, 2, 2), np.float32)})
+    assert time.perf_counter() - t0 < 30
+    code, lines = cli("run", str(save(model, tmp_path / "m.onnx")), "--random", env={"ONNX_QUANT_MEMORY_BUDGET": "1G"})
+    assert code == 2
+    one_error_line(lines, "run", "node 'up' (Resize)", "needs 16000000000 bytes (14.9 GiB)")
+    small = resize_model(2.0)  # the kernel still takes sane scales
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s = Session(small, device=best, allow_host_fallback=False)
+        assert s.run(None, {"x": np.ones((1, 1, 2, 2), np.float32)})[0].shape == (1, 1, 4, 2)
+
+
+def blocked_qdq_model(op: str, block_size: int) -> onnx.ModelProto:
+    x_type = T.INT8 if op == "DequantizeLinear" else F
+    scale = numpy_helper.from_array(np.array([[0.5], [0.25]], np.float32), "s")
+    zp = numpy_helper.from_array(np.array([[3], [-2]], np.int8), "z")
+    g = h.make_graph([h.make_node(op, ["x", "s", "z"], ["y"], name="q", axis=1, block_size=block_size)], "g",
+                     [h.make_tensor_value_info("x", x_type, [2, 3])],
+                     [h.make_tensor_value_info("y", F if op == "DequantizeLinear" else T.INT8, [2, 3])], [scale, zp])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 21)])
+
+
+@pytest.mark.parametrize("op", ["DequantizeLinear", "QuantizeLinear"])
+def test_a_block_size_of_2_40_is_one_block_not_48_tib(best, op, tmp_path):
+    """block_size 2^40 over an axis of 3 is valid (ceil(3 / 2^40) == 1 scale): one block. The
+    host reference repeated the scale 2^40 times (a raw MemoryError); the kernel's u32 block size
+    overflowed. Both now compute it, equal to block_size 3 (the same blocks) in onnx.reference."""
+    import warnings
+
+    from onnx_quant.backend_wgpu.session import Session
+    from onnx_quant.backend_wgpu.spec import SpecRegistry, load_specs
+    from support.oracles import ref_run
+
+    x = (np.arange(6, dtype=np.int8).reshape(2, 3) - 2 if op == "DequantizeLinear"
+         else np.linspace(-3, 3, 6, dtype=np.float32).reshape(2, 3))
+    want = ref_run(blocked_qdq_model(op, 3), {"x": x})[0]
+    model = blocked_qdq_model(op, 2**40)
+    host = SpecRegistry(s for s in load_specs() if s.name != op)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for specs in (None, host):
+            got = Session(model, device=best, specs=specs).run(None, {"x": x})[0]
+            assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), (specs, got, want)
+    code, lines = cli("run", str(save(model, tmp_path / "m.onnx")), "--random")
+    assert code == 0, lines
+
+
+USER_SPEC = {
+    "name": "Neg", "sinceVersion": 6,
+    "inputs": {"x": {"dtype": "T"}}, "outputs": {"y": {"dtype": "T", "shape": "shapes.x"}},
+    "typeConstraints": {"T": ["float32"]}, "derive": {"n": "numel(shapes.x)"},
+    "variants": [{"id": "one", "priority": 1, "passes": [{
+        "id": "main", "shader": "user-affine.wgsl.jinja",
+        "bindings": [{"arg": "x", "elementType": "f32"}, {"arg": "y", "elementType": "f32"}],
+        "dispatch": {"x": "ceilDiv(n, 64)"}}]}],
+}
+USER_SHADER = """{% include "snippets/header.wgsl.jinja" %}
+{% include "snippets/bindings.wgsl.jinja" %}
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+  if (g.x < {{ n }}u) {
+    y[g.x] = 2.0 * x[g.x] + 1.0;
+  }
+}
+"""
+
+
+def user_spec_folder(folder: Path, shader: str | None = USER_SHADER, name: str = "user-affine.wgsl.jinja") -> Path:
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    doc = json.loads(json.dumps(USER_SPEC))
+    doc["variants"][0]["passes"][0]["shader"] = name
+    (folder / "neg.kernel.json").write_text(json.dumps(doc))
+    if shader is not None:
+        (folder / name).write_text(shader)
+    return folder
+
+
+def test_a_user_spec_folder_s_own_shader_is_found(best, tmp_path):
+    from onnx_quant.backend_wgpu.session import Session
+    from onnx_quant.backend_wgpu.spec import load_specs
+    from onnx_quant.errors import SpecError
+
+    g = h.make_graph([h.make_node("Neg", ["x"], ["y"], name="neg")], "g", [h.make_tensor_value_info("x", F, [5])],
+                     [h.make_tensor_value_info("y", F, [5])])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    x = np.arange(5, dtype=np.float32)
+    # the folder's shader (which includes the installed snippets) ran: 2x + 1, not Neg's -x
+    out = Session(model, device=best, specs=user_spec_folder(tmp_path / "mine")).run(None, {"x": x})[0]
+    assert np.array_equal(out, 2 * x + 1)
+    # a shader in neither the folder nor the installed templates: refused when loaded, naming the file
+    with pytest.raises(SpecError, match=r"neg.kernel.json: variants\[0\].passes\[0\].shader: shader file "
+                                        r"'absent.wgsl.jinja' not found in .*missing or .*templates"):
+        load_specs(user_spec_folder(tmp_path / "missing", None, "absent.wgsl.jinja"))
+    # an include that exists nowhere: a SpecError naming the shader, not jinja2's TemplateNotFound
+    bad = user_spec_folder(tmp_path / "bad", '{% include "snippets/no-such.wgsl.jinja" %}\n')
+    with pytest.raises(SpecError, match=r"user-affine.wgsl.jinja: shader: template 'snippets/no-such.wgsl.jinja' "
+                                        r"not found"):
+        Session(model, device=best, specs=bad).run(None, {"x": x})

@@ -357,17 +357,22 @@ def test_nll_mean_without_weight_follows_onnxruntime_not_onnx_reference(best):
     assert not np.isclose(got, ref_run(model, {"x": x, "t": t})[0], rtol=1e-3)
 
 
-def test_loss_labels_outside_the_classes_give_nan(best):
+def test_loss_labels_outside_the_classes_raise_index_range_error(best):
     """A label outside [0, C) that is not ignore_index has no defined loss (onnxruntime refuses
-    it, onnx.reference indexes from the end): the kernel gives NaN, never another sample's value."""
+    it, onnx.reference indexes from the end): the kernel flags it (backend_wgpu/index_check.py),
+    never another sample's value; ignore_index outside [0, C) is still ignored."""
+    from onnx_quant.errors import IndexRangeError
+
     x = -np.abs(np.random.default_rng(2).standard_normal((3, 4))).astype(F32)
-    t = np.array([1, 7, -2], np.int64)
-    model = loss_model("NegativeLogLikelihoodLoss", x, t, None, 13, {"reduction": "none"})
+    for t, bad in ((np.array([1, 7, 2], np.int64), 7), (np.array([1, 0, -2], np.int32), -2)):
+        for reduction in ("none", "sum"):
+            model = loss_model("NegativeLogLikelihoodLoss", x, t, None, 13, {"reduction": reduction})
+            with pytest.raises(IndexRangeError, match=rf"input 'labels': index {bad} is out of range \[0, 4\)"):
+                run_node(best, model, {"x": x, "t": t})
+    t = np.array([1, -100, 3], np.int64)
+    model = loss_model("NegativeLogLikelihoodLoss", x, t, None, 13, {"reduction": "none", "ignore_index": -100})
     (got,), _ = run_node(best, model, {"x": x, "t": t})
-    assert got[0] == -x[0, 1] and np.isnan(got[1]) and np.isnan(got[2])
-    model = loss_model("NegativeLogLikelihoodLoss", x, t, None, 13, {"reduction": "sum"})
-    (got,), _ = run_node(best, model, {"x": x, "t": t})
-    assert np.isnan(got)
+    assert got[0] == -x[0, 1] and got[1] == 0 and got[2] == -x[2, 3]
 
 
 def test_loss_mean_of_nothing_is_nan_and_unknown_reduction_is_declined(best):

@@ -752,3 +752,16 @@ def test_v2_field_errors(tmp_path, mutate, field, reason):
     doc = v2_doc()
     mutate(doc)
     reject(tmp_path, doc, field, reason)
+
+
+def test_index_checks_are_validated_when_loaded(tmp_path):
+    doc = seed()
+    doc["indexChecks"] = {"x": {"bounds": "[numel(shapes.x)]", "fromZero": True, "ignore": "0"}}
+    (check,) = load_doc(tmp_path / "ok", doc).index_checks
+    assert (check.input, check.from_zero) == ("x", True) and check.ignore is not None
+    doc["indexChecks"] = {"nothing": {"bounds": "[1]"}}
+    reject(tmp_path / "a", doc, "indexChecks.nothing", "unknown key 'nothing'; allowed: x")
+    doc["indexChecks"] = {"x": {"bounds": "[noSuchName]"}}
+    reject(tmp_path / "b", doc, "indexChecks.x.bounds", "noSuchName")
+    doc["indexChecks"] = {"x": {"bounds": "[1]", "fromZero": 1}}
+    reject(tmp_path / "c", doc, "indexChecks.x.fromZero", "expected true or false")
