@@ -59,3 +59,85 @@ def test_bit_cast_a_second_shape_compiles_nothing(best):
     assert any("BitCast" in lab for lab in compiled[0]) and not [lab for lab in compiled[1] if "BitCast" in lab]
     for f, (got,) in zip(feeds, outs):
         assert np.array_equal(got, f["x"].view(np.int32))
+
+
+#: element types the data-movement kernels are drawn over (8-, 16-, 32- and 64-bit)
+MOVE_TYPES = [np.float32, np.float16, ml_dtypes.bfloat16, np.int64, np.uint8, np.bool_, np.int32]
+
+
+def _newest_if(dtype, opset: int, newest: int) -> int:
+    """The opset a case of ``dtype`` is built at: bfloat16 joined these ops' T later."""
+    return newest if dtype is ml_dtypes.bfloat16 else opset
+
+
+def _data(rng, shape, dtype):
+    return rng.integers(-8, 8, shape).astype(dtype) if np.dtype(dtype).kind in "iub" or dtype is ml_dtypes.int4 \
+        else rng.standard_normal(shape).astype(dtype)
+
+
+@settings(max_examples=gpu_examples(), deadline=None)
+@given(shape=st.lists(st.integers(1, 5), min_size=2, max_size=4), batch_axis=st.sampled_from([0, 1]),
+       dtype=st.sampled_from(MOVE_TYPES), seed=st.integers(0, 2**16))
+def test_reverse_sequence_matches_onnx_reference(best, shape, batch_axis, dtype, seed):
+    rng = np.random.default_rng(seed)
+    x = _data(rng, shape, dtype)
+    lens = rng.integers(0, shape[1 - batch_axis] + 1, shape[batch_axis]).astype(np.int64)
+    model = node_model("ReverseSequence", [("x", x), ("sequence_lens", lens)], ["y"], opset=_newest_if(dtype, 10, 28),
+                       attrs={"batch_axis": batch_axis, "time_axis": 1 - batch_axis})
+    feeds = {"x": x, "sequence_lens": lens}
+    _bit_for_bit(_run(best, model, feeds), ref_run(model, feeds))
+
+
+@settings(max_examples=gpu_examples(), deadline=None)
+@given(shape=st.lists(st.integers(1, 6), min_size=1, max_size=4), data=st.data(),
+       dtype=st.sampled_from(MOVE_TYPES),
+       seed=st.integers(0, 2**16))
+def test_center_crop_pad_matches_onnx_reference(best, shape, data, dtype, seed):
+    rng = np.random.default_rng(seed)
+    axes = data.draw(st.one_of(st.none(), st.lists(st.integers(-len(shape), len(shape) - 1), min_size=1,
+                                                   max_size=len(shape), unique_by=lambda a: a % len(shape))))
+    target = np.array(data.draw(st.lists(st.integers(0, 8), min_size=len(axes or shape), max_size=len(axes or shape))), np.int64)
+    x = _data(rng, shape, dtype)
+    model = node_model("CenterCropPad", [("x", x)], ["y"], opset=18, attrs={} if axes is None else {"axes": axes},
+                       inits={"shape": target})
+    model.graph.node[0].input.append("shape")
+    _bit_for_bit(_run(best, model, {"x": x}), ref_run(model, {"x": x}))
+
+
+@settings(max_examples=gpu_examples(), deadline=None)
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=3), data=st.data(), dtype=st.sampled_from(MOVE_TYPES),
+       seed=st.integers(0, 2**16))
+def test_compress_matches_onnx_reference(best, shape, data, dtype, seed):
+    rng = np.random.default_rng(seed)
+    axis = data.draw(st.one_of(st.none(), st.integers(-len(shape), len(shape) - 1)))
+    length = int(np.prod(shape)) if axis is None else shape[axis]
+    condition = rng.integers(0, 2, data.draw(st.integers(0, length))).astype(bool)
+    x = _data(rng, shape, dtype)
+    model = node_model("Compress", [("x", x), ("condition", condition)], ["y"], opset=_newest_if(dtype, 11, 28),
+                       attrs={} if axis is None else {"axis": axis})
+    feeds = {"x": x, "condition": condition}
+    _bit_for_bit(_run(best, model, feeds), ref_run(model, feeds))
+
+
+def test_data_movement_second_shapes_compile_nothing(best):
+    """ReverseSequence, CenterCropPad and Compress at a second input shape (and condition) from a cold cache."""
+    rng = np.random.default_rng(1)
+    cases = []
+    rs = node_model("ReverseSequence", [("x", np.zeros((2, 3), np.float32)), ("sequence_lens", np.zeros(2, np.int64))],
+                    ["y"], opset=10, attrs={"batch_axis": 0, "time_axis": 1})
+    cases.append((rs, [{"x": rng.standard_normal((b, t)).astype(np.float32), "sequence_lens": rng.integers(0, t + 1, b)}
+                       for b, t in ((2, 3), (5, 7))], "ReverseSequence"))
+    ccp = node_model("CenterCropPad", [("x", np.zeros((4, 6), np.float32))], ["y"], opset=18, inits={"shape": np.array([5, 3], np.int64)})
+    ccp.graph.node[0].input.append("shape")
+    cases.append((ccp, [{"x": rng.standard_normal(s).astype(np.float32)} for s in ((4, 6), (9, 2))], "CenterCropPad"))
+    cp = node_model("Compress", [("x", np.zeros((3, 4), np.float32)), ("condition", np.zeros(4, bool))], ["y"], opset=11,
+                    attrs={"axis": 1})
+    cases.append((cp, [{"x": rng.standard_normal((r, 4)).astype(np.float32), "condition": c}
+                       for r, c in ((3, np.array([1, 0, 1, 1], bool)), (6, np.array([0, 1, 1, 0], bool)))], "Compress"))
+    for model, feeds, kernel in cases:
+        for inp in model.graph.input:
+            inp.type.tensor_type.ClearField("shape")
+        outs, compiled = runs_from_a_cold_cache(best, model, feeds)
+        assert any(kernel in lab for lab in compiled[0]) and not [lab for lab in compiled[1] if kernel in lab], (kernel, compiled)
+        for f, got in zip(feeds, outs):
+            _bit_for_bit(got, ref_run(model, f))
