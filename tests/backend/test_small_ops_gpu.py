@@ -141,3 +141,22 @@ def test_data_movement_second_shapes_compile_nothing(best):
         assert any(kernel in lab for lab in compiled[0]) and not [lab for lab in compiled[1] if kernel in lab], (kernel, compiled)
         for f, got in zip(feeds, outs):
             _bit_for_bit(got, ref_run(model, f))
+
+
+@settings(max_examples=gpu_examples(), deadline=None)
+@given(spatial=st.lists(st.integers(3, 7), min_size=1, max_size=3), p=st.integers(1, 4), data=st.data(),
+       opset=st.sampled_from([11, 18, 22]), seed=st.integers(0, 2**16))
+def test_lp_pool_matches_onnx_reference(best, spatial, p, data, opset, seed):
+    """Windows with strides, pads (or auto_pad), dilations and ceil_mode (18), p from 1 to 4."""
+    kernel = [data.draw(st.integers(1, 3)) for _ in spatial]
+    attrs = {"kernel_shape": kernel, "p": p, "strides": [data.draw(st.integers(1, 2)) for _ in spatial]}
+    pad_mode = data.draw(st.sampled_from(["pads", "SAME_UPPER", "NOTSET"]))
+    if pad_mode == "pads":
+        attrs["pads"] = [data.draw(st.integers(0, k - 1)) for k in kernel * 2]
+    elif pad_mode == "SAME_UPPER":
+        attrs["auto_pad"] = pad_mode
+    if opset >= 18 and pad_mode != "SAME_UPPER":
+        attrs["dilations"] = [data.draw(st.integers(1, 2)) for _ in spatial]
+    x = np.random.default_rng(seed).standard_normal((2, 3, *spatial)).astype(np.float32)
+    model = node_model("LpPool", [("x", x)], ["y"], opset=opset, attrs=attrs)
+    assert_agree(_run(best, model, {"x": x}), ref_run(model, {"x": x}), 1e-5)
