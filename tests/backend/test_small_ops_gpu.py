@@ -160,3 +160,34 @@ def test_lp_pool_matches_onnx_reference(best, spatial, p, data, opset, seed):
     x = np.random.default_rng(seed).standard_normal((2, 3, *spatial)).astype(np.float32)
     model = node_model("LpPool", [("x", x)], ["y"], opset=opset, attrs=attrs)
     assert_agree(_run(best, model, {"x": x}), ref_run(model, {"x": x}), 1e-5)
+
+
+@settings(max_examples=gpu_examples(), deadline=None)
+@given(op=st.sampled_from(["HannWindow", "HammingWindow", "BlackmanWindow"]), size=st.integers(1, 300),
+       periodic=st.sampled_from([0, 1]), out=st.sampled_from([1, 10]), index=st.sampled_from([np.int32, np.int64]))
+def test_windows_match_onnx_reference(best, op, size, periodic, out, index):
+    if size == 1 and not periodic:
+        return  # the reference divides by zero (declined)
+    model = node_model(op, [], ["y"], opset=17, attrs={"periodic": periodic, "output_datatype": out},
+                       out_types=[np.float32 if out == 1 else np.float16], inits={"size": np.array(size, index)})
+    model.graph.node[0].input.append("size")
+    if out == 10 and op != "BlackmanWindow":  # the reference computes them in float16
+        from onnx_quant.backend_wgpu.session import Session
+        from onnx_quant.errors import ExecutionError
+
+        with pytest.raises(ExecutionError, match=f"{op}.*accepts"):
+            Session(model, device=best, allow_host_fallback=False).run(None, {})
+        return
+    assert_agree(_run(best, model, {}), ref_run(model, {}), 1e-6 if out == 1 else 1e-3)
+
+
+def test_windows_a_second_length_compiles_nothing(best):
+    from onnx import TensorProto as TP
+    from support.models import make_model
+
+    model = make_model(helper.make_node("HannWindow", ["n"], ["y"]), [("n", TP.INT64, [])], [("y", TP.FLOAT, None)], opset=17)
+    feeds = [{"n": np.array(n, np.int64)} for n in (16, 1000)]
+    outs, compiled = runs_from_a_cold_cache(best, model, feeds)
+    assert any("HannWindow" in lab for lab in compiled[0]) and not [lab for lab in compiled[1] if "HannWindow" in lab]
+    for f, got in zip(feeds, outs):
+        assert_agree(got, ref_run(model, f), 1e-6)
