@@ -191,3 +191,22 @@ def test_windows_a_second_length_compiles_nothing(best):
     assert any("HannWindow" in lab for lab in compiled[0]) and not [lab for lab in compiled[1] if "HannWindow" in lab]
     for f, got in zip(feeds, outs):
         assert_agree(got, ref_run(model, f), 1e-6)
+
+
+@settings(max_examples=gpu_examples(), deadline=None)
+@given(rank=st.integers(2, 3), data=st.data(), seed=st.integers(0, 2**16))
+def test_col2im_matches_onnx_reference(best, rank, data, seed):
+    """Blocks with strides, pads and dilations over 2-3 image axes (onnx.reference's col2im takes 2-D and more)."""
+    image = [data.draw(st.integers(2, 6)) for _ in range(rank)]
+    block = [data.draw(st.integers(1, 3)) for _ in range(rank)]
+    strides = [data.draw(st.integers(1, 2)) for _ in range(rank)]
+    dil = [data.draw(st.integers(1, 2)) for _ in range(rank)]
+    pads = [data.draw(st.integers(0, 1)) for _ in range(2 * rank)]
+    blocks = [(image[d] + pads[d] + pads[d + rank] - dil[d] * (block[d] - 1) - 1) // strides[d] + 1 for d in range(rank)]
+    if min(blocks) < 1:
+        return
+    x = np.random.default_rng(seed).standard_normal((2, 3 * int(np.prod(block)), int(np.prod(blocks)))).astype(np.float32)
+    model = node_model("Col2Im", [("input", x)], ["output"], opset=18, attrs={"strides": strides, "dilations": dil, "pads": pads},
+                       inits={"image_shape": np.array(image, np.int64), "block_shape": np.array(block, np.int64)})
+    model.graph.node[0].input.extend(["image_shape", "block_shape"])
+    assert_agree(_run(best, model, {"input": x}), ref_run(model, {"input": x}), 1e-5)
