@@ -15,11 +15,10 @@ from hypothesis import given, settings, strategies as st
 from onnx import TensorProto as TP, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from support.gpu import assert_node_cases_pass_or_declined, gpu_examples, runs_from_a_cold_cache
+from support.gpu import assert_node_cases_pass_or_declined, gpu_examples, kept_session, runs_from_a_cold_cache
 from support.oracles import onnxruntime_run
 
 OPTIONAL = ("max_output_boxes_per_class", "iou_threshold", "score_threshold")
-_SESSIONS: dict[tuple, object] = {}
 
 
 def _nms_model(center: int, given_inputs: int, opset: int = 11) -> onnx.ModelProto:
@@ -33,13 +32,8 @@ def _nms_model(center: int, given_inputs: int, opset: int = 11) -> onnx.ModelPro
 
 
 def _session(device, center: int, given_inputs: int, workgroup: int):
-    from onnx_quant.backend_wgpu.session import Session
-
-    key = (id(device), center, given_inputs, workgroup)
-    if key not in _SESSIONS:
-        _SESSIONS[key] = Session(_nms_model(center, given_inputs), device=device, allow_host_fallback=False,
-                                 tunables={"NonMaxSuppression": {"WORKGROUP_SIZE": workgroup}})
-    return _SESSIONS[key]
+    return kept_session(device, ("NonMaxSuppression", center, given_inputs, workgroup),
+                        lambda: _nms_model(center, given_inputs), {"NonMaxSuppression": {"WORKGROUP_SIZE": workgroup}})
 
 
 def _boxes(rng, batches: int, count: int, center: int) -> np.ndarray:
