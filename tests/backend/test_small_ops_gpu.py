@@ -210,3 +210,20 @@ def test_col2im_matches_onnx_reference(best, rank, data, seed):
                        inits={"image_shape": np.array(image, np.int64), "block_shape": np.array(block, np.int64)})
     model.graph.node[0].input.extend(["image_shape", "block_shape"])
     assert_agree(_run(best, model, {"input": x}), ref_run(model, {"input": x}), 1e-5)
+
+
+@settings(max_examples=gpu_examples(), deadline=None)
+@given(shape=st.tuples(st.integers(1, 3), st.integers(1, 7), st.integers(1, 4), st.integers(1, 4)), size=st.integers(1, 6),
+       alpha=st.sampled_from([1e-4, 0.5]), beta=st.sampled_from([0.75, 0.5, 1.3]), bias=st.sampled_from([1.0, 2.0]),
+       opset=st.sampled_from([1, 13]), seed=st.integers(0, 2**16))
+def test_lrn_matches_onnxruntime(best, shape, size, alpha, beta, bias, opset, seed):
+    """onnxruntime is the oracle for odd sizes (it takes no other); onnx.reference for even ones, with as
+    many images as channels (its LRN walks the batch axis where it means the channels)."""
+    from support.oracles import onnxruntime_run
+
+    if size % 2 == 0:
+        shape = (shape[1], *shape[1:])
+    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    model = node_model("LRN", [("x", x)], ["y"], opset=opset, attrs={"size": size, "alpha": alpha, "beta": beta, "bias": bias})
+    want = onnxruntime_run(model, {"x": x}) if size % 2 else ref_run(model, {"x": x})
+    assert_agree(_run(best, model, {"x": x}), want, 1e-5)
