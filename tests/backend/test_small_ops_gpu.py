@@ -227,3 +227,29 @@ def test_lrn_matches_onnxruntime(best, shape, size, alpha, beta, bias, opset, se
     model = node_model("LRN", [("x", x)], ["y"], opset=opset, attrs={"size": size, "alpha": alpha, "beta": beta, "bias": bias})
     want = onnxruntime_run(model, {"x": x}) if size % 2 else ref_run(model, {"x": x})
     assert_agree(_run(best, model, {"x": x}), want, 1e-5)
+
+
+@settings(max_examples=gpu_examples(), deadline=None)
+@given(batch=st.lists(st.integers(0, 3), max_size=2), order=st.integers(1, 7), dtype=st.sampled_from([np.float32, np.float16]),
+       singular=st.booleans(), seed=st.integers(0, 2**16))
+def test_det_matches_onnx_reference(best, batch, order, dtype, singular, seed):
+    x = np.random.default_rng(seed).standard_normal((*batch, order, order)).astype(dtype)
+    if singular and order > 1:
+        x[..., 1, :] = x[..., 0, :]  # a repeated row: determinant 0 (or float rounding of it)
+    model = node_model("Det", [("x", x)], ["y"], opset=11 if dtype is np.float32 else 22)
+    if dtype is np.float32:
+        want = ref_run(model, {"x": x})
+    else:  # numpy's linalg (the reference's) takes no float16: its float32 determinant, rounded
+        want = [np.linalg.det(x.astype(np.float32)).astype(np.float16)]
+    assert_agree(_run(best, model, {"x": x}), want, 1e-4 if dtype is np.float32 else 2e-2)
+
+
+def test_det_a_second_shape_compiles_nothing(best):
+    model = node_model("Det", [("x", np.zeros((2, 3, 3), np.float32))], ["y"], opset=11)
+    model.graph.input[0].type.tensor_type.ClearField("shape")
+    rng = np.random.default_rng(3)
+    feeds = [{"x": rng.standard_normal(s).astype(np.float32)} for s in ((2, 3, 3), (4, 5, 5))]
+    outs, compiled = runs_from_a_cold_cache(best, model, feeds)
+    assert any("Det" in lab for lab in compiled[0]) and not [lab for lab in compiled[1] if "Det" in lab]
+    for f, got in zip(feeds, outs):
+        assert_agree(got, ref_run(model, f), 1e-4)
