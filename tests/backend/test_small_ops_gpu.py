@@ -144,7 +144,7 @@ def test_data_movement_second_shapes_compile_nothing(best):
 
 
 @settings(max_examples=gpu_examples(), deadline=None)
-@given(spatial=st.lists(st.integers(3, 7), min_size=1, max_size=3), p=st.integers(1, 4), data=st.data(),
+@given(spatial=st.lists(st.integers(5, 8), min_size=1, max_size=3), p=st.integers(1, 4), data=st.data(),
        opset=st.sampled_from([11, 18, 22]), seed=st.integers(0, 2**16))
 def test_lp_pool_matches_onnx_reference(best, spatial, p, data, opset, seed):
     """Windows with strides, pads (or auto_pad), dilations and ceil_mode (18), p from 1 to 4."""
