@@ -1,11 +1,14 @@
-"""NonZero on the GPU: an output whose size the data decides, as one documented sync.
+"""NonZero and NonMaxSuppression on the GPU: an output whose size the data decides, as one
+documented sync.
 
 A construction phase (:func:`split_model`, after the fusion phases) rewrites the model the Session runs:
 
-* every *frontier* NonZero (one that no other GPU NonZero's output reaches) becomes the padded
+* every *frontier* counted op (one that no other GPU counted op's output reaches) becomes the padded
   GPU form ``NonZero(X) -> (Y::nonzero_all, Y::nonzero_count)``: the kernel
   (templates/non_zero.kernel.json) writes the indices of Y row-major into a buffer allocated for
   ``[rank, numel(X)]`` (so a count beyond it cannot happen) and the count into an int64 ``[1]``;
+  NonMaxSuppression (templates/non_max_suppression.kernel.json) likewise writes its selected
+  ``[count, 3]`` rows into a buffer for ``[batches * classes * boxes, 3]`` (:data:`COUNT_AXIS`);
 * the nodes that read Y, directly or through others (the *region*), move into the body of one
   ``onnx_quant.sync::DataDependent`` node that reads the padded outputs, the counts and the other
   values the region needs, and makes the graph outputs the region makes.
@@ -41,26 +44,48 @@ REGION_DOMAIN = "onnx_quant.sync"
 REGION_OP = "DataDependent"
 ALL_SUFFIX = "::nonzero_all"
 COUNT_SUFFIX = "::nonzero_count"
+#: the ops whose output's size the data decides -> the axis of their padded output the count is
+#: (NonZero: [rank, count]; NonMaxSuppression: [count, 3])
+COUNT_AXIS = {"NonZero": 1, "NonMaxSuppression": 0}
+#: the region node's attribute listing COUNT_AXIS of each padded output it reads, in order
+COUNT_AXES_ATTR = "count_axes"
 
 
 def is_region(domain: str, op_type: str) -> bool:
     return domain == REGION_DOMAIN and op_type == REGION_OP
 
 
+def is_counted(node: onnx.NodeProto) -> bool:
+    """A NonZero or NonMaxSuppression as written (its first input and output named)."""
+    return (node.op_type in COUNT_AXIS and node.domain in ("", "ai.onnx") and bool(node.input)
+            and bool(node.input[0]) and bool(node.output) and bool(node.output[0]))
+
+
 def is_padded(node: onnx.NodeProto) -> bool:
-    """A NonZero in its padded form (two outputs: the indices at capacity, the count)."""
-    return (node.op_type == "NonZero" and node.domain in ("", "ai.onnx") and len(node.output) == 2
+    """A counted op in its padded form (two outputs: the result at capacity, the count)."""
+    return (node.op_type in COUNT_AXIS and node.domain in ("", "ai.onnx") and len(node.output) == 2
             and node.output[1].endswith(COUNT_SUFFIX))
+
+
+def capacity_shape(op_type: str, shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """The padded output's shape for these input shapes: a count beyond it cannot happen."""
+    if op_type == "NonZero":
+        return (len(shapes[0]), math.prod(shapes[0]))
+    boxes, scores = shapes[0], shapes[1]  # NonMaxSuppression: [B, N, 4], [B, C, N]
+    return (boxes[0] * scores[1] * boxes[1], 3)
 
 
 @dataclass(frozen=True)
 class PaddedNonZero:
-    """One rewritten NonZero: its input, its original output and the padded form's two outputs."""
+    """One rewritten counted op (NonZero unless ``op`` says otherwise): its first input, its
+    original output, the padded form's two outputs and the inputs its capacity is read from."""
 
     x: str
     y: str
     padded: str
     count: str
+    op: str = "NonZero"
+    inputs: tuple[str, ...] = ()
 
 
 @dataclass
@@ -90,8 +115,7 @@ def split_model(model: onnx.ModelProto, rejects: Callable[[onnx.NodeProto], str]
             region.append(node)
             tainted |= {o for o in node.output if o}
             continue
-        if node.domain in ("", "ai.onnx") and node.op_type == "NonZero" and node.input and node.input[0] \
-                and node.output and node.output[0]:
+        if is_counted(node):
             y = node.output[0]
             form = onnx.NodeProto()
             form.CopyFrom(node)
@@ -99,7 +123,8 @@ def split_model(model: onnx.ModelProto, rejects: Callable[[onnx.NodeProto], str]
             form.output.extend([y + ALL_SUFFIX, y + COUNT_SUFFIX])
             why = rejects(form)
             if not why:
-                padded.append(PaddedNonZero(node.input[0], y, form.output[0], form.output[1]))
+                padded.append(PaddedNonZero(node.input[0], y, form.output[0], form.output[1], node.op_type,
+                                            tuple(node.input)))
                 head.append(form)
                 tainted.add(y)
                 continue
@@ -131,6 +156,7 @@ def split_model(model: onnx.ModelProto, rejects: Callable[[onnx.NodeProto], str]
     region_inputs = [n for p in padded for n in (p.padded, p.count)] + reads[len(ys):]
     sync = helper.make_node(REGION_OP, region_inputs, [o.name for o in outputs], name="data_dependent_region",
                             domain=REGION_DOMAIN, body=body)
+    sync.attribute.append(helper.make_attribute(COUNT_AXES_ATTR, [COUNT_AXIS[p.op] for p in padded]))
     out = onnx.ModelProto()
     out.CopyFrom(model)
     del out.graph.node[:]
@@ -165,7 +191,8 @@ class SplitDataDependent(RewritePass):
         def rejects(node: onnx.NodeProto) -> str:
             info = values.get(node.input[0])
             spec, why = kernel_verdict(self.specs, node, "", version, elem_of)
-            if spec is not None and info is not None and info.shape is not None and len(info.shape) == 0:
+            if spec is not None and node.op_type == "NonZero" and info is not None and info.shape is not None \
+                    and len(info.shape) == 0:
                 return "the input's rank is 0 (a scalar's indices: [0, count] for ONNX's inference, [1, count] for numpy)"
             return why
 
@@ -175,7 +202,7 @@ class SplitDataDependent(RewritePass):
     def ensures(self, model: onnx.ModelProto, result: PassResult) -> None:
         super().ensures(model, result)
         made = {o: n for n in result.model.graph.node for o in n.output if o}
-        faults = [f"NonZero {p.y!r} does not make {p.padded!r} and {p.count!r}" for p in result.report.nonzeros
+        faults = [f"{p.op} {p.y!r} does not make {p.padded!r} and {p.count!r}" for p in result.report.nonzeros
                   if made.get(p.padded) is None or list(made[p.padded].output) != [p.padded, p.count]]
         ys = {p.y for p in result.report.nonzeros}
         faults += [f"node {n.name or n.op_type!r} reads {x!r} outside the region" for n in result.model.graph.node
@@ -192,12 +219,13 @@ class SplitDataDependent(RewritePass):
 
 
 def capacity_values(nonzeros: list[PaddedNonZero], values: dict[str, Any]) -> None:
-    """Inference's values completed for the padded outputs: ``[rank, numel(X)]`` and ``[1]``, int64
-    (inference sees a two-output NonZero it does not know), where X's shape is known."""
+    """Inference's values completed for the padded outputs: their :func:`capacity_shape` and
+    ``[1]``, int64 (inference sees a two-output op it does not know), where the shapes it is read
+    from are known."""
     for p in nonzeros:
-        info = values.get(p.x)
-        shape = concrete(None if info is None else info.shape)
-        if shape is None:
-            continue  # the kernel cannot be planned: the node runs on the host (HostPaddedNonZero)
-        values[p.padded] = TensorInfo(onnx.TensorProto.INT64, (len(shape), math.prod(shape)))
+        names = (p.inputs or (p.x,))[:1 if p.op == "NonZero" else 2]
+        shapes = [concrete(None if values.get(n) is None else values[n].shape) for n in names]
+        if any(s is None for s in shapes):
+            continue  # the kernel cannot be planned: the node runs on the host (HostPadded)
+        values[p.padded] = TensorInfo(onnx.TensorProto.INT64, capacity_shape(p.op, shapes))
         values[p.count] = TensorInfo(onnx.TensorProto.INT64, (1,))

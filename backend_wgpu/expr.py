@@ -63,7 +63,7 @@ _TWO_PART = ("shapes", "ranks", "tunables", "attrs", "dtypes", "present", "value
 #: Function name -> (minimum, maximum or None) argument count.
 FUNCTIONS: dict[str, tuple[int, int | None]] = {
     "numel": (1, 3), "ceilDiv": (2, 2), "min": (1, None), "max": (1, None), "bits": (1, 1),
-    "slice": (2, 3), "lastNonUnit": (1, 1), "rowStrides": (1, 1), "broadcastStrides": (2, 2), "sliceMap": (5, 5), "divMagic": (1, 1), "resizeTables": (15, 15),
+    "slice": (2, 3), "lastNonUnit": (1, 1), "rowStrides": (1, 1), "broadcastStrides": (2, 2), "nonzeroIndices": (1, 1), "listLength": (1, 1), "sliceMap": (5, 5), "divMagic": (1, 1), "resizeTables": (15, 15),
 }
 _BOOL_NAMES = {"true": True, "false": False}
 #: Identifiers a derived value may not be called.
@@ -705,6 +705,14 @@ class _Evaluator:
             if not isinstance(seq, tuple) or not all(_is_int(d) for d in seq):
                 raise self.fail(f"rowStrides() needs a list of ints, found {type_name(seq)}")
             return tuple(math.prod(seq[d + 1:]) for d in range(len(seq)))
+        if fname == "listLength":  # a list's length (numel multiplies its items)
+            if not isinstance(args[0], tuple):
+                raise self.fail(f"listLength() needs a list, found {type_name(args[0])}")
+            return len(args[0])
+        if fname == "nonzeroIndices":  # the positions of a list's nonzero (true) items: Compress's condition
+            if not isinstance(args[0], tuple):
+                raise self.fail(f"nonzeroIndices() needs a list, found {type_name(args[0])}")
+            return tuple(i for i, v in enumerate(args[0]) if v)
         if fname == "broadcastStrides":  # the input's strides per output axis, 0 where it broadcasts
             ins, outs = args
             if not all(isinstance(s, tuple) and all(_is_int(d) for d in s) for s in (ins, outs)) or len(ins) > len(outs):

@@ -146,7 +146,7 @@ def classify_node(index: int, node: onnx.NodeProto, opsets: Mapping[str, int], f
             return NodeInfo(index, label, node, domain, version, None if reason else spec, "view", reason, implicit)
         if reason:
             reason = f"{why}; {reason}"
-    if domain in DEFAULT_DOMAINS and node.op_type == "NonZero" and node.output and \
+    if domain in DEFAULT_DOMAINS and node.op_type in dd.COUNT_AXIS and node.output and \
             node.output[0] in facts.nonzero_declined:
         reason = facts.nonzero_declined[node.output[0]]  # not the padded form's missing count output
     if reason:

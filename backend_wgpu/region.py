@@ -1,15 +1,17 @@
-"""Running NonZero's region (data_dependent.py): the host step that runs the nodes after a
-NonZero as a Session of their own, on the same device, per count.
+"""Running the region of NonZero / NonMaxSuppression (data_dependent.py): the host step that runs the
+nodes after them as a Session of their own, on the same device, per count.
 
-:class:`DataDependentRegion` feeds the body the NonZero's indices as a :class:`DeviceValue` over the
-first ``rank * count`` elements of the padded buffer and every other GPU-made value it reads as a
-view of its pooled buffer; :class:`HostPaddedNonZero` is the padded form on the host, for a plan
+:class:`DataDependentRegion` feeds the body NonZero's indices (NonMaxSuppression's selected rows) as a
+:class:`DeviceValue` over the first ``rank * count`` (``count * 3``) elements of the padded buffer and
+every other GPU-made value it reads as a view of its pooled buffer; :class:`HostPaddedNonZero` is the
+padded form on the host, for a plan
 where its kernel cannot run. Session builds them for its ``sync`` steps; the rewrite and the facts
 the compiler reads stay in data_dependent.py, which imports nothing of the device.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -19,35 +21,59 @@ from onnx import helper
 from onnx_quant.dtypes import element_type
 from onnx_quant.errors import ExecutionError, QuantError, in_context
 
+from .data_dependent import COUNT_AXES_ATTR, capacity_shape
 from .device_value import DeviceValue
 
 
 class HostPaddedNonZero:
     """The padded form on the host, for a plan where the kernel cannot run it (its input's shape
-    unknown for those input shapes): numpy.nonzero written as the kernel writes it (shaped like
-    ``ReferenceEvaluator``: ``run(None, feeds)``)."""
+    unknown for those input shapes, a plan the kernel declines): numpy.nonzero (onnx.reference's
+    NonMaxSuppression) written as the kernel writes it (shaped like ``ReferenceEvaluator``:
+    ``run(None, feeds)``)."""
 
-    def __init__(self, node: onnx.NodeProto):
-        self.x = node.input[0]
+    def __init__(self, node: onnx.NodeProto, opset: int = 0):
+        self.node = node
+        self.opset = opset
+
+    def _found(self, feeds: Mapping[str, Any]) -> tuple[np.ndarray, int]:
+        """The op's result and the axis its count is."""
+        if self.node.op_type == "NonZero":
+            x = np.asarray(feeds[self.node.input[0]])
+            if x.ndim == 0:
+                raise ExecutionError("NonZero of a rank-0 input: numpy and ONNX's inference disagree on its output")
+            return np.array(np.nonzero(x), dtype=np.int64), 1
+        from onnx.reference import ReferenceEvaluator  # noqa: PLC0415 - onnx.reference loads on first use
+
+        one = onnx.NodeProto()
+        one.CopyFrom(self.node)
+        del one.output[:]
+        one.output.append("selected")
+        names = [n for n in one.input if n]
+        g = helper.make_graph([one], "nms", [onnx.ValueInfoProto(name=n) for n in names],
+                              [onnx.ValueInfoProto(name="selected")])
+        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", self.opset or 11)])
+        (found,) = ReferenceEvaluator(model).run(None, {n: np.asarray(feeds[n]) for n in names})
+        return np.asarray(found, np.int64).reshape(-1, 3), 0
 
     def run(self, _names: Any, feeds: Mapping[str, Any]) -> list[np.ndarray]:
-        x = np.asarray(feeds[self.x])
-        if x.ndim == 0:
-            raise ExecutionError("NonZero of a rank-0 input: numpy and ONNX's inference disagree on its output")
-        found = np.array(np.nonzero(x), dtype=np.int64)
-        padded = np.zeros((x.ndim, x.size), np.int64)
+        found, axis = self._found(feeds)
+        shapes = [np.asarray(feeds[n]).shape for n in self.node.input[:2] if n]
+        padded = np.zeros(capacity_shape(self.node.op_type, shapes), np.int64)
         padded.reshape(-1)[:found.size] = found.reshape(-1)
-        return [padded, np.array([found.shape[1]], np.int64)]
+        return [padded, np.array([found.shape[axis]], np.int64)]
 
 
 
-def _value_info(name: str, value: Any, *, indices: bool = False) -> onnx.ValueInfoProto:
+def _value_info(name: str, value: Any, *, count_axis: int | None = None) -> onnx.ValueInfoProto:
     """A body input typed like ``value`` (an array or a DeviceValue), every dim anonymous but the
-    rank of NonZero's ``indices`` (fixed: what follows, a GatherND, knows its output's rank)."""
+    one beside the count of a counted output (NonZero's rank, NonMaxSuppression's 3: fixed, what
+    follows, a GatherND, knows its output's rank)."""
     dtype = value.dtype if isinstance(value, DeviceValue) else np.asarray(value).dtype
     dims = list(value.dims) if isinstance(value, DeviceValue) else list(np.asarray(value).shape)
+    if count_axis is not None:
+        dims = [None if k == count_axis else d for k, d in enumerate(dims)]
     return helper.make_tensor_value_info(name, element_type(dtype).code,
-                                         [dims[0], None] if indices else [None] * len(dims))
+                                         dims if count_axis is not None else [None] * len(dims))
 
 
 class DataDependentRegion:
@@ -62,8 +88,11 @@ class DataDependentRegion:
         self.make_session = make_session
         self.absorb = absorb
         self.body = next(a.g for a in info.node.attribute if a.name == "body")
-        #: the NonZeros whose outputs the region reads: 2 node inputs each (padded, count), 1 body input (Y)
+        #: the counted ops whose outputs the region reads: 2 node inputs each (padded, count), 1 body input (Y)
         self.n_nonzeros = len(info.node.input) - len(self.body.input)
+        axes = next((list(a.ints) for a in info.node.attribute if a.name == COUNT_AXES_ATTR), [])
+        #: per counted output, the axis of its count (NonZero's 1 where the attribute is absent)
+        self.count_axes = axes or [1] * self.n_nonzeros
         self._session: Any = None
 
     def body_sessions(self) -> list[Any]:
@@ -74,21 +103,22 @@ class DataDependentRegion:
         return ExecutionError(text) if cause is None else in_context(cause, text)
 
     def _feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
-        """The body's feeds: each Y a view of the first rank * count elements of its padded buffer."""
+        """The body's feeds: each Y a view of its padded buffer's first elements, the count on its axis."""
         names = list(self.info.node.input)
         inputs = [i.name for i in self.body.input]
         n_ys = self.n_nonzeros
         out: dict[str, Any] = {}
         for k in range(n_ys):
             padded, count = feeds[names[2 * k]], np.asarray(feeds[names[2 * k + 1]]).reshape(-1)
-            rank, capacity = padded.dims if isinstance(padded, DeviceValue) else padded.shape
-            c = int(count[0])
-            if not 0 <= c <= capacity:  # impossible by construction (the buffer holds every element)
-                raise self._fail(f"NonZero counted {c} nonzero elements of {capacity}")
+            dims = list(padded.dims if isinstance(padded, DeviceValue) else padded.shape)
+            axis, c = self.count_axes[k], int(count[0])
+            if not 0 <= c <= dims[axis]:  # impossible by construction (the buffer holds every element)
+                raise self._fail(f"counted {c} elements of a capacity of {dims[axis]}")
+            dims[axis] = c
             if isinstance(padded, DeviceValue):
-                out[inputs[k]] = DeviceValue.borrowed(padded.device, padded.buffer, "int64", (rank, c))
+                out[inputs[k]] = DeviceValue.borrowed(padded.device, padded.buffer, "int64", tuple(dims))
             else:  # the padded form ran on the host
-                out[inputs[k]] = np.ascontiguousarray(padded.reshape(-1)[:rank * c].reshape(rank, c))
+                out[inputs[k]] = np.ascontiguousarray(padded.reshape(-1)[:math.prod(dims)].reshape(dims))
         for name, body_name in zip(names[2 * n_ys:], inputs[n_ys:]):
             out[body_name] = feeds[name]
         return out
@@ -98,7 +128,8 @@ class DataDependentRegion:
             g = onnx.GraphProto()
             g.CopyFrom(self.body)
             del g.input[:]
-            g.input.extend(_value_info(i.name, feeds[i.name], indices=k < self.n_nonzeros)
+            g.input.extend(_value_info(i.name, feeds[i.name],
+                                       count_axis=self.count_axes[k] if k < self.n_nonzeros else None)
                            for k, i in enumerate(self.body.input))
             g.name = f"{self.info.label}_body"
             child = helper.make_model(g, opset_imports=list(self.model.opset_import),

@@ -343,10 +343,10 @@ class Session:
 
         node = info.node
         inputs = [n for n in dict.fromkeys(list(node.input) + list(info.implicit)) if n]
-        if dd.is_padded(node):  # not an ONNX node: onnx.reference does not know it
-            self._evaluators[info.index] = (HostPaddedNonZero(node), inputs)
-            return self._evaluators[info.index]
         opset = next((o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        if dd.is_padded(node):  # not an ONNX node: onnx.reference does not know it
+            self._evaluators[info.index] = (HostPaddedNonZero(node, opset), inputs)
+            return self._evaluators[info.index]
         host, host_opset = host_node(node, opset, info.label)  # where onnx.reference needs it said otherwise
         imports = [onnx.helper.make_opsetid("", host_opset) if o.domain in ("", "ai.onnx") else o
                    for o in self.model.opset_import]
@@ -406,6 +406,8 @@ class Session:
             v = values[root]
             if shape is not None and isinstance(v, np.ndarray) and tuple(v.shape) != shape:
                 v = v.reshape(shape)
+            elif shape is not None and isinstance(v, DeviceValue) and v.dims != tuple(shape):
+                v = DeviceValue.borrowed(v.device, v.buffer, v.onnx_type, tuple(shape))  # a view op's shape
             feeds[name] = v
         if info.kind in ("control", "sync"):
             outs = self._control_flow(info).run(feeds)

@@ -82,6 +82,8 @@ with np.errstate(all="ignore"):
         "ThresholdedRelu": ({"alpha": 0.5}, lambda x: np.where(x > f32(0.5), x, f32(0))),
         "LeakyRelu": ({"alpha": 0.1}, lambda x: np.where(x >= 0, x, x * f32(0.1))),
         "Round": ({}, np.round),
+        "Shrink": ({"bias": 0.25, "lambd": 0.5},
+                   lambda x: np.where(x < f32(-0.5), x + f32(0.25), np.where(x > f32(0.5), x - f32(0.25), f32(0)))),
     }
 
 

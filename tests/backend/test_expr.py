@@ -437,3 +437,10 @@ def test_numel_and_slice_errors(text, reason):
     with pytest.raises(ExpressionError) as info:
         evaluate(text, ENV)
     assert reason in str(info.value)
+
+
+def test_list_length_and_nonzero_indices():
+    assert evaluate("listLength([4, 0, 7])", ENV) == 3 and evaluate("numel([4, 0, 7])", ENV) == 0
+    assert evaluate("nonzeroIndices([0, 3, 0, 1])", ENV) == (1, 3) and evaluate("nonzeroIndices([])", ENV) == ()
+    with pytest.raises(ExpressionError, match="needs a list"):
+        evaluate("listLength(3)", ENV)

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from onnx import TensorProto, helper
 
-from support.gpu import assert_node_cases_pass_or_declined, gpu_examples
+from support.gpu import assert_node_cases_pass_or_declined, gpu_examples, kept_session
 from support.oracles import onnxruntime_run
 
 #: element types of NonZero-13's T with a device layout, and the values their data is drawn from
@@ -33,7 +33,6 @@ VALUES = {
     "uint8": (np.uint8, [0, 1, 255]),
     "bool": (np.bool_, [False, True]),
 }
-_SESSIONS: dict[tuple, object] = {}
 
 
 def _non_zero_model(dtype: str, rank: int, opset: int = 13) -> onnx.ModelProto:
@@ -46,13 +45,8 @@ def _non_zero_model(dtype: str, rank: int, opset: int = 13) -> onnx.ModelProto:
 
 def _session(best, dtype: str, rank: int, workgroup: int):
     """One session per (type, rank, workgroup size): its plans are keyed on the shapes."""
-    from onnx_quant.backend_wgpu.session import Session
-
-    key = (id(best), dtype, rank, workgroup)
-    if key not in _SESSIONS:
-        _SESSIONS[key] = Session(_non_zero_model(dtype, rank), device=best, allow_host_fallback=False,
-                                 tunables={"WORKGROUP_SIZE": workgroup})
-    return _SESSIONS[key]
+    return kept_session(best, ("NonZero", dtype, rank, workgroup), lambda: _non_zero_model(dtype, rank),
+                        {"WORKGROUP_SIZE": workgroup})
 
 
 def test_onnx_node_cases_pass_on_the_gpu(best):

@@ -68,7 +68,7 @@ def test_prepare_and_run_in_graph_order(gpu):
 
 
 def test_prepare_passes_session_options(gpu):
-    m = helper.make_model(helper.make_graph([helper.make_node("Shrink", ["x"], ["y"], name="s")], "g",
+    m = helper.make_model(helper.make_graph([helper.make_node("Unique", ["x"], ["y"], name="s")], "g",
                                             [helper.make_tensor_value_info("x", TP.FLOAT, [3])],
                                             [helper.make_tensor_value_info("y", TP.FLOAT, [3])]),
                           opset_imports=[helper.make_opsetid("", 17)])
@@ -76,9 +76,10 @@ def test_prepare_passes_session_options(gpu):
         backend_wgpu.backend.prepare(m, "GPU", allow_host_fallback=False)
     with pytest.warns(HostFallbackWarning):
         rep = backend_wgpu.backend.prepare(m, "GPU", rtol=1e-3)  # harness options are ignored
-    (y,) = rep.run([np.array([-1, 0, 3], np.float32)])
-    assert np.array_equal(y, [-1, 0, 3])  # Shrink (no kernel): |x| <= lambd = 0.5 gives 0
-    bad = helper.make_model(helper.make_graph([helper.make_node("Shrink", ["x"], ["y"])], "g", [], []),
+    x = np.array([-1, 0, 3], np.float32)
+    (y,) = rep.run([x])
+    assert np.array_equal(y, np.unique(x))  # Unique (no kernel): three distinct values, sorted
+    bad = helper.make_model(helper.make_graph([helper.make_node("Unique", ["x"], ["y"])], "g", [], []),
                             opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(ExecutionError, match="onnx.checker"):
         backend_wgpu.backend.prepare(bad)

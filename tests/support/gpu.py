@@ -193,3 +193,18 @@ def run_every_variant(device, model, feeds, op_type):
         for a, b in zip(outs, runs[0]):
             assert a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8)), ids
     return runs[0], ids
+
+
+#: sessions kept across hypothesis examples, per key (device, model parameters)
+_KEPT_SESSIONS: dict[tuple, object] = {}
+
+
+def kept_session(device, key: tuple, make_model, tunables=None):
+    """One GPU-only Session per (device, ``key``), built from ``make_model()`` the first time: a
+    property test's examples share it (its plans are keyed on the shapes they feed)."""
+    from onnx_quant.backend_wgpu.session import Session
+
+    full = (id(device), *key)
+    if full not in _KEPT_SESSIONS:
+        _KEPT_SESSIONS[full] = Session(make_model(), device=device, allow_host_fallback=False, tunables=tunables)
+    return _KEPT_SESSIONS[full]
