@@ -212,6 +212,20 @@ def test_col2im_matches_onnx_reference(best, rank, data, seed):
     assert_agree(_run(best, model, {"input": x}), ref_run(model, {"input": x}), 1e-5)
 
 
+@pytest.mark.parametrize("columns", [3, 5, 7])
+def test_col2im_with_a_column_count_other_than_the_block_count_is_declined(best, columns):
+    """4 columns of 2x2 blocks make a 3x3 image; any other count is input onnx.reference refuses,
+    so the kernel declines it rather than fold some of the columns."""
+    from onnx_quant.errors import ExecutionError
+
+    x = np.ones((1, 4, columns), np.float32)
+    model = node_model("Col2Im", [("input", x)], ["output"], opset=18,
+                       inits={"image_shape": np.array([3, 3], np.int64), "block_shape": np.array([2, 2], np.int64)})
+    model.graph.node[0].input.extend(["image_shape", "block_shape"])
+    with pytest.raises(ExecutionError, match="Col2Im.*accepts"):
+        _run(best, model, {"input": x})
+
+
 @settings(max_examples=gpu_examples(), deadline=None)
 @given(shape=st.tuples(st.integers(1, 3), st.integers(1, 7), st.integers(1, 4), st.integers(1, 4)), size=st.integers(1, 6),
        alpha=st.sampled_from([1e-4, 0.5]), beta=st.sampled_from([0.75, 0.5, 1.3]), bias=st.sampled_from([1.0, 2.0]),
