@@ -8,7 +8,9 @@
 Models: every exported model (``onnx_quant.exported_models``: MODELS x FORMS), the model zoo
 (``onnx_quant.model_zoo``: each family as float and in each quantized format, and the four
 benchmark models of ``bench_inference.py`` stamped out to about 2,000 nodes) and every onnx
-node test case that has a model. ``--cache`` keeps the built models as files, so that a
+node test case that has a model; the real-model tier (``onnx_quant.real_models``, value_info
+stripped: the models case splitting serves) and the decoders of ``onnx_quant.decoder_models`` at
+one layer and two layers, each style and form (``infer_shapes`` only). ``--cache`` keeps the built models as files, so that a
 second run (another checkout, another interpreter) hashes the same input bytes without
 rebuilding them (quantizing through onnxruntime, collecting onnx's cases).
 
@@ -39,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from onnx_quant import exported_models, inference, model_zoo
+from onnx_quant import decoder_models, exported_models, inference, model_zoo, real_models
 
 #: the benchmark's zoo models (bench_inference.MODELS), stamped out to this many nodes
 SIZED_NODES = 2000
@@ -73,7 +75,18 @@ def _build_timed() -> dict[str, tuple[onnx.ModelProto, dict]]:
 def _build_node_cases() -> dict[str, onnx.ModelProto]:
     from onnx_quant.node_cases import all_node_cases
 
-    return {f"node:{i:04d}:{c.name}": c.model for i, c in enumerate(all_node_cases()) if c.model is not None}
+    out = {f"node:{i:04d}:{c.name}": c.model for i, c in enumerate(all_node_cases()) if c.model is not None}
+    for name, form in real_models.CASES:
+        model = real_models.load(name, form)
+        del model.graph.value_info[:]
+        out[f"real:{name}-{form}"] = model
+    for style in decoder_models.STYLES:
+        for form in decoder_models.FORMS:
+            for layers in (1, 2):
+                config = decoder_models.DecoderConfig(layers=layers, kv_heads=4 if style == "mha" else 2)
+                out[f"decoder:{style}-{form}-{layers}"] = decoder_models.strip_types(
+                    decoder_models.build(style, form, config))
+    return out
 
 
 def load_models(cache: Path | None, only: str) -> tuple[dict, dict]:

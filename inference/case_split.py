@@ -61,6 +61,39 @@ def main_partial(g: Graph) -> bool:
     return any(name and not _full(local(name)) for name in g.produced)
 
 
+class FirstBodies:
+    """The first run's bodies as a case run sees them: a branch that never runs in the case
+    (``quiet``: its If's condition is constant, or fixed by the case) need not be walked again
+    where the first run typed it fully, bodies nested in it included, and the case fixes no If
+    inside it: the merge keeps a full type as it is, and the If reads only the taken branch's
+    types (and every branch's non-tensor output types, so a branch with one is walked)."""
+
+    def __init__(self, subgraphs: dict, forced: dict) -> None:
+        self.subgraphs = subgraphs
+        self.forced_where = [where for where, _ in forced]
+        self._settled: dict[tuple, Graph | None] = {}
+
+    def settled(self, key: tuple) -> Graph | None:
+        """The first run's body at ``key`` (parent path, step) if a case may reuse it, else None."""
+        if key in self._settled:
+            return self._settled[key]
+        g = self.subgraphs.get(key)
+        if g is not None:
+            inside = g.where + "/"
+            if any(w == g.where or w.startswith(inside) for w in self.forced_where) or not _fully_typed(g):
+                g = None
+        self._settled[key] = g
+        return g
+
+
+def _fully_typed(g: Graph) -> bool:
+    """Every node output of ``g`` and of the bodies nested in it has a full tensor type, and no
+    output of ``g`` has a non-tensor type."""
+    if main_partial(g) or any(g.scope.other_type(vo.name) is not None for vo in g.proto.output):
+        return False
+    return all(_fully_typed(c) for c in g.children.values())
+
+
 def _better(new: TensorInfo, old) -> bool:
     if not isinstance(old, TensorInfo) or old.shape is None:
         return new.shape is not None or (bool(new.elem_type) and not getattr(old, "elem_type", 0))

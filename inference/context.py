@@ -142,6 +142,9 @@ def merge_info(declared: TensorInfo, inferred: TensorInfo, *,
     if d_et and i_et and d_et != i_et:
         return inferred, "element type"
     elem_type = i_et or d_et
+    d_shape, i_shape = declared.shape, inferred.shape
+    if d_shape is not None and d_shape == i_shape:  # the common case (value_info onnx wrote): what the loop gives
+        return TensorInfo(elem_type, d_shape if prefer_declared_symbols else i_shape, inferred.value), None
     if declared.shape is None or inferred.shape is None:
         shape = inferred.shape if inferred.shape is not None else declared.shape
         return TensorInfo(elem_type, shape, inferred.value), None

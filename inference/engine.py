@@ -48,7 +48,7 @@ from .api import (
     SOURCE_CONSTANT, SOURCE_DECLARED, SOURCE_FAILED, SOURCE_FUNCTION, SOURCE_RULE, SOURCE_UNKNOWN, TYPED_SOURCES,
     InferenceResult, NodeRecord, describe,
 )
-from .case_split import main_partial, split_cases
+from .case_split import FirstBodies, main_partial, split_cases
 from .context import TensorInfo, info_text, merge_info
 from .diagnostics import MODEL_NODE, Diagnostic, one_line
 from .dispatch import (
@@ -244,6 +244,8 @@ class Pass:
             self.keys = keys = shared.keys
             self.fallback = shared.fallback
             self._dispatch_tables, self.functions = shared._dispatch_tables, shared.functions
+        #: a case's view of the first run's bodies: the never-run branches it need not walk again
+        self.first_bodies = None if shared is None else FirstBodies(shared.result.subgraphs, self.forced)
         self.main = top = Graph(model.graph, scope, self.dispatch_table(opsets), top=True)
         self.result = InferenceResult(scope, typed_by=top.typed_by, other_types=scope.other, records=top.records,
                                       main=top, types=keys)
@@ -251,7 +253,8 @@ class Pass:
     # -- driver
     def run(self, input_shapes: Mapping[str, Iterable[Any]] | None,
             input_values: Mapping[str, np.ndarray] | None = None) -> InferenceResult:
-        check_depth(self.model.graph, self.model.functions)  # before any recursive walk
+        if not self.forced:  # a case run's model is the first run's, checked already
+            check_depth(self.model.graph, self.model.functions)  # before any recursive walk
         g = self.main
         with cyclic_gc_paused():
             seed_main(g, self.keys, self.label, input_shapes)
@@ -595,7 +598,13 @@ class Pass:
                    label: str, attr: str, step: tuple | None, quiet: bool = False) -> Graph:
         """Infer a subgraph body that sees ``parent``'s values; ``step`` (node index,
         attribute, graph index) records it for the write-back. A ``quiet`` body (a branch
-        that never runs) is typed but its problems are neither raised nor recorded."""
+        that never runs) is typed but its problems are neither raised nor recorded; in a case
+        run (``inference.case_split``) one the first run typed fully is that run's, not walked
+        again (nothing of it could be merged, and the If reads no type of a branch not taken)."""
+        if quiet and step is not None and self.first_bodies is not None:
+            reused = self.first_bodies.settled((parent.where, step))
+            if reused is not None:
+                return reused
         strict = self.strict and not quiet
         scope = Scope(parent.scope.opsets, strict, self.diagnostics, parent.scope)
         where = f"{parent.where}/{label}/{attr}" if parent.where else f"{label}/{attr}"

@@ -58,6 +58,7 @@ class Keys:
         self._texts: dict[int, tuple] = {}   # id(Dim) -> (Dim, its TensorShapeProto.dim bytes)
         self._encoded: dict[tuple, bytes] = {}  # (elem_type, shape) -> TypeProto bytes
         self._content_ids: dict[int, tuple] = {}  # id(TensorProto) -> (proto, content key id)
+        self._declared: dict[int, tuple] = {}  # id(GraphProto) -> (proto, its declared types)
 
     # -- key ids
     def intern(self, info: TensorInfo, tb: bytes | None = None) -> tuple:
@@ -161,6 +162,22 @@ class Keys:
             rec = (rec[0], rec[1], tb, rec[3])
             self.interned[id(info)] = rec
         return rec[2]
+
+    def declared_types(self, graph: onnx.GraphProto) -> dict[str, tuple[TensorInfo, bool]]:
+        """name -> (type, whether a graph output) of the tensor types ``graph``'s value_info and
+        outputs declare, read once per pass (a body is walked again per If, Loop attempt and
+        case run); the proto is kept with them, so its id names no other graph meanwhile."""
+        rec = self._declared.get(id(graph))
+        if rec is None:
+            found = {}
+            for vi in graph.value_info:
+                if vi.type.HasField("tensor_type"):
+                    found[vi.name] = (self.from_type_proto(vi.type), False)
+            for vo in graph.output:
+                if vo.type.HasField("tensor_type"):
+                    found[vo.name] = (self.from_type_proto(vo.type), True)
+            rec = self._declared[id(graph)] = (graph, found)
+        return rec[1]
 
     def from_type_proto(self, tp: onnx.TypeProto) -> TensorInfo:
         """``TensorInfo.from_type_proto`` with dim_param texts parsed once per pass."""

@@ -69,13 +69,7 @@ def seed_main(g: Graph, keys: Keys, label: str, input_shapes: Mapping[str, Itera
 
 def seed_declared(g: Graph, keys: Keys) -> None:
     """The types ``value_info`` and the graph outputs declare (merged as each is produced)."""
-    graph = g.proto
-    for vi in graph.value_info:
-        if vi.type.HasField("tensor_type"):
-            g.declared[vi.name] = (keys.from_type_proto(vi.type), False)
-    for vo in graph.output:
-        if vo.type.HasField("tensor_type"):
-            g.declared[vo.name] = (keys.from_type_proto(vo.type), True)
+    g.declared.update(keys.declared_types(g.proto))
 
 
 def seed_body(g: Graph, inputs: list, keys: Keys, owner: Bookkeeping, label: str) -> None:

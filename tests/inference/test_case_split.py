@@ -10,7 +10,7 @@ from onnx import TensorProto as T
 from onnx import helper, numpy_helper
 
 from onnx_quant import inference
-from onnx_quant.inference import dims, engine
+from onnx_quant.inference import case_split, dims, engine
 from support.models import make_model
 from support.oracles import ref_run
 
@@ -83,3 +83,47 @@ def test_no_other_run_without_such_an_if(monkeypatch):
     assert runs == []
     inference.infer(same_rank, input_shapes={"x": (2, 4, 1)})  # the condition folds: nothing to split
     assert runs == []
+
+
+def _constant_ifs():
+    """The rank-split model followed by two Ifs on a constant condition: the branch that never
+    runs reads ``x`` (fully typed in the first run) in one, ``s`` (rank unknown there) in the
+    other."""
+    def branch(op, src, out):
+        return helper.make_graph([helper.make_node(op, [src], [out])], op, [],
+                                 [helper.make_tensor_value_info(out, T.FLOAT, None)])
+
+    model = _rank_back()
+    graph = model.graph
+    graph.node.extend([
+        _const("yes", np.array(True)),
+        helper.make_node("If", ["yes"], ["a"], then_branch=branch("Relu", "x", "a_then"),
+                         else_branch=branch("Neg", "x", "a_else")),
+        helper.make_node("If", ["yes"], ["b"], then_branch=branch("Relu", "y", "b_then"),
+                         else_branch=branch("Neg", "s", "b_else"))])
+    graph.output.extend([helper.make_tensor_value_info("a", T.FLOAT, None), helper.make_tensor_value_info("b", T.FLOAT, None)])
+    return model
+
+
+def test_a_case_run_reuses_a_never_run_branch_the_first_run_typed_fully(monkeypatch):
+    seen = {}
+    settled = case_split.FirstBodies.settled
+
+    def spy(self, key):
+        got = settled(self, key)
+        seen[key] = got
+        return got
+
+    monkeypatch.setattr(case_split.FirstBodies, "settled", spy)
+    reused = inference.infer_shapes(_constant_ifs(), strict=True)
+    by_node = {step[0]: g for (_, step), g in seen.items() if step[1] == "else_branch"}
+    nodes = list(_constant_ifs().graph.node)
+    a_node, b_node = (next(i for i, n in enumerate(nodes) if n.output[0] == out) for out in ("a", "b"))
+    assert by_node[a_node] is not None  # Neg(x): typed fully in the first run, not walked again
+    assert by_node[b_node] is None      # Neg(s): s has no rank there, the cases may type it
+    # the same answer as walking every never-run branch again in each case
+    monkeypatch.setattr(case_split.FirstBodies, "settled", lambda self, key: None)
+    walked = inference.infer_shapes(_constant_ifs(), strict=True)
+    assert reused.SerializeToString() == walked.SerializeToString()
+    body = next(a.g for a in reused.graph.node[a_node].attribute if a.name == "else_branch")
+    assert len(body.output[0].type.tensor_type.shape.dim) == 3  # the reused branch is written back
