@@ -48,7 +48,8 @@ import onnx
 from onnx_quant.budget import resolve as resolve_budget
 from onnx_quant.dim_text import is_anonymous
 from onnx_quant.dtypes import element_type, ort_type, type_name
-from onnx_quant.errors import BudgetError, ExecutionError, HostFallbackWarning, IndexRangeError, KernelRejected, QuantError
+from onnx_quant.errors import (BudgetError, ExecutionError, HostFallbackWarning, IndexRangeError, KernelRejected,
+                               QuantError)
 from onnx_quant.model_io import initializer_arrays, load_model
 
 from . import data_dependent as dd

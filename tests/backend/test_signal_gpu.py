@@ -1,0 +1,101 @@
+"""The signal kernels on the GPU (templates/dft.kernel.json): DFT-17 and DFT-20 over shapes, axes,
+lengths (truncated and zero-padded), real and complex signals, forward, onesided and irfft, against
+onnx.reference (its float32 FFT; a direct sum differs from it by rounding only, so within a bound
+of n ulps of the signal's size), the inverse complex transform declined by name, ONNX's node
+cases, and a second shape from a cold cache compiling nothing new."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from onnx import TensorProto as TP, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+from support.gpu import assert_node_cases_pass_or_declined, gpu_examples, runs_from_a_cold_cache
+from support.models import make_model
+
+from onnx_quant.backend_wgpu.session import Session
+from onnx_quant.errors import ExecutionError
+
+
+def _dft_model(opset, rank, axis, n, inverse, onesided, dtype=TP.FLOAT):
+    inits, names = [], ["x"]
+    if n is not None:
+        inits.append(numpy_helper.from_array(np.array(n, np.int64), "n"))
+    names.append("n" if n is not None else "")
+    attrs = dict(inverse=int(inverse), onesided=int(onesided))
+    if opset >= 20:
+        inits.append(numpy_helper.from_array(np.array(axis, np.int64), "axis"))
+        names.append("axis")
+    else:
+        attrs["axis"] = axis
+    node = helper.make_node("DFT", names, ["y"], **attrs)
+    x = helper.make_tensor_value_info("x", dtype, [f"d{i}" for i in range(rank)])
+    return make_model(node, [x], [helper.make_tensor_value_info("y", dtype, None)], inits, opset)
+
+
+def _close(got, want, x, n):
+    """Within a direct sum's rounding of the reference: n float32 ulps of the signal's largest value."""
+    scale = float(np.max(np.abs(x.astype(np.float64)))) if x.size else 0.0
+    atol = 4 * max(n, 1) * np.finfo(np.float32).eps * max(scale, 1.0)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=1e-4, atol=atol)
+
+
+@st.composite
+def _dft_cases(draw):
+    rank = draw(st.integers(2, 4))
+    axis = draw(st.integers(0, rank - 2))
+    shape = [draw(st.integers(1, 3)) for _ in range(rank - 1)] + [draw(st.sampled_from([1, 2]))]
+    shape[axis] = draw(st.integers(2, 12))
+    form = draw(st.sampled_from(["forward", "onesided", "irfft"]))
+    if form != "forward":  # ONNX's inference: a onesided forward takes a real signal, irfft a complex one
+        shape[-1] = 2 if form == "irfft" else 1
+    n = draw(st.one_of(st.none(), st.integers(1, 16)))
+    if form == "irfft" and n is None and shape[axis] < 2:
+        n = 2
+    neg = draw(st.booleans())
+    return dict(shape=shape, axis=axis - rank if neg else axis, n=n, inverse=form == "irfft",
+                onesided=form != "forward", opset=draw(st.sampled_from([17, 20])),
+                dtype=draw(st.sampled_from([np.float32, np.float32, np.float16])))
+
+
+@settings(max_examples=gpu_examples(), deadline=None)
+@given(case=_dft_cases(), seed=st.integers(0, 2**16))
+def test_dft_matches_onnx_reference(best, case, seed):
+    code = TP.FLOAT if case["dtype"] == np.float32 else TP.FLOAT16
+    model = _dft_model(case["opset"], len(case["shape"]), case["axis"], case["n"], case["inverse"],
+                       case["onesided"], code)
+    x = np.random.default_rng(seed).uniform(-4, 4, case["shape"]).astype(case["dtype"])
+    (want,) = ReferenceEvaluator(model).run(None, {"x": x})
+    with Session(model, device=best, allow_host_fallback=False) as s:
+        (got,) = s.run(None, {"x": x})
+    ax = case["axis"] % len(case["shape"])
+    _close(got, want, x, case["n"] or case["shape"][ax])
+
+
+def test_dft_inverse_complex_is_declined_by_name(best):
+    model = _dft_model(20, 3, 1, None, True, False)
+    with pytest.raises(ExecutionError, match="complexInverseDeclined"):
+        with Session(model, device=best, allow_host_fallback=False) as s:
+            s.run(None, {"x": np.ones((1, 8, 2), np.float32)})
+
+
+def test_dft_node_cases(best):
+    assert_node_cases_pass_or_declined(best, {"DFT"}, {"test_dft_inverse": "complexInverseDeclined",
+                                                       "test_dft_inverse_opset19": "complexInverseDeclined"}, 8)
+
+
+@pytest.mark.parametrize("inverse,onesided", [(False, False), (False, True), (True, True)])
+def test_dft_second_shape_compiles_nothing(best, inverse, onesided):
+    model = _dft_model(20, 4, 1, None, inverse, onesided)
+    rng = np.random.default_rng(3)
+    shapes = [(1, 10, 3, 1 if not inverse else 2), (2, 6, 5, 1 if not inverse else 2)]
+    feeds = [{"x": rng.uniform(-2, 2, s).astype(np.float32)} for s in shapes]
+    outs, compiled = runs_from_a_cold_cache(best, model, feeds)
+    assert any("DFT" in lab for lab in compiled[0]), compiled[0]
+    assert not [lab for lab in compiled[1] if "DFT" in lab], compiled[1]
+    ref = ReferenceEvaluator(model)
+    for f, (got,) in zip(feeds, outs):
+        (want,) = ref.run(None, f)
+        _close(got, want, f["x"], f["x"].shape[1])
