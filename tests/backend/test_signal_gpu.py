@@ -35,11 +35,13 @@ def _dft_model(opset, rank, axis, n, inverse, onesided, dtype=TP.FLOAT):
 
 
 def _close(got, want, x, n):
-    """Within a direct sum's rounding of the reference: n float32 ulps of the signal's largest value."""
+    """Within a direct sum's rounding of the reference: n ulps (of the output's type) of the signal's
+    largest value."""
     scale = float(np.max(np.abs(x.astype(np.float64)))) if x.size else 0.0
-    atol = 4 * max(n, 1) * np.finfo(np.float32).eps * max(scale, 1.0)
+    atol = 4 * max(n, 1) * np.finfo(want.dtype).eps * max(scale, 1.0)
     assert got.dtype == want.dtype and got.shape == want.shape
-    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=1e-4, atol=atol)
+    rtol = 1e-4 if want.dtype == np.float32 else 2e-3  # float16: one rounding of the output apart
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol)
 
 
 @st.composite
@@ -99,3 +101,56 @@ def test_dft_second_shape_compiles_nothing(best, inverse, onesided):
     for f, (got,) in zip(feeds, outs):
         (want,) = ref.run(None, f)
         _close(got, want, f["x"], f["x"].shape[1])
+
+
+# ----------------------------------------------------------------------------- STFT
+
+
+def _stft_model(step, frame_length, window, onesided, dtype=TP.FLOAT):
+    inits = [numpy_helper.from_array(np.array(step, np.int64), "step")]
+    names = ["x", "step", "window" if window is not None else "", "len" if frame_length is not None else ""]
+    if window is not None:
+        inits.append(numpy_helper.from_array(window, "window"))
+    if frame_length is not None:
+        inits.append(numpy_helper.from_array(np.array(frame_length, np.int64), "len"))
+    attrs = {} if onesided is None else {"onesided": int(onesided)}
+    node = helper.make_node("STFT", names, ["y"], **attrs)
+    x = helper.make_tensor_value_info("x", dtype, ["b", "t", "c"])
+    return make_model(node, [x], [helper.make_tensor_value_info("y", dtype, None)], inits, 17)
+
+
+@settings(max_examples=gpu_examples(), deadline=None)
+@given(batch=st.integers(1, 2), frame=st.integers(1, 12), extra=st.integers(0, 20), step=st.integers(1, 5),
+       complex_=st.booleans(), windowed=st.booleans(), onesided=st.sampled_from([None, 0, 1]),
+       f16=st.booleans(), seed=st.integers(0, 2**16))
+def test_stft_matches_onnx_reference(best, batch, frame, extra, step, complex_, windowed, onesided, f16, seed):
+    if complex_ and onesided != 0:
+        onesided = 0  # ONNX: a onesided transform of a complex signal is not defined
+    dtype = np.float16 if f16 else np.float32
+    rng = np.random.default_rng(seed)
+    window = rng.uniform(0, 1, frame).astype(dtype) if windowed else None
+    model = _stft_model(step, None if windowed and seed % 2 else frame, window, onesided,
+                        TP.FLOAT16 if f16 else TP.FLOAT)
+    x = rng.uniform(-3, 3, (batch, frame + extra, 2 if complex_ else 1)).astype(dtype)
+    (want,) = ReferenceEvaluator(model).run(None, {"x": x})
+    with Session(model, device=best, allow_host_fallback=False) as s:
+        (got,) = s.run(None, {"x": x})
+    _close(got, want, x, frame)
+
+
+def test_stft_node_cases(best):
+    assert_node_cases_pass_or_declined(best, {"STFT"}, {}, 2)
+
+
+def test_stft_second_shape_compiles_nothing(best):
+    window = np.hanning(16).astype(np.float32)
+    model = _stft_model(4, None, window, 1)
+    rng = np.random.default_rng(5)
+    feeds = [{"x": rng.uniform(-1, 1, s).astype(np.float32)} for s in [(1, 64, 1), (3, 90, 1)]]
+    outs, compiled = runs_from_a_cold_cache(best, model, feeds)
+    assert any("STFT" in lab for lab in compiled[0]), compiled[0]
+    assert not [lab for lab in compiled[1] if "STFT" in lab], compiled[1]
+    ref = ReferenceEvaluator(model)
+    for f, (got,) in zip(feeds, outs):
+        (want,) = ref.run(None, f)
+        _close(got, want, f["x"], 16)
