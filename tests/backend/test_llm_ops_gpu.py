@@ -1,0 +1,130 @@
+"""onnx 1.23's new LLM ops on the GPU: SwiGLU (a row of templates/elementwise.ops.json) and
+TensorScatter (templates/tensor_scatter.kernel.json), over shapes, attributes and types against
+onnx.reference (TensorScatter and float16 SwiGLU bit for bit: the kernel rounds where the
+reference stores), ONNX's node cases, and a second shape from a cold cache compiling nothing new."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+from hypothesis import given, settings, strategies as st
+from onnx import TensorProto as TP, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+from support.gpu import assert_node_cases_pass_or_declined, gpu_examples, runs_from_a_cold_cache
+from support.models import make_model
+from support.oracles import assert_bits
+
+from onnx_quant.backend_wgpu.session import Session
+
+
+def _run(best, model, feeds):
+    with Session(model, device=best, allow_host_fallback=False) as s:
+        return s.run(None, feeds)
+
+
+def _swiglu_model(code, rank, alpha):
+    attrs = {} if alpha is None else {"alpha": alpha}
+    ins = [helper.make_tensor_value_info(n, code, [f"d{i}" for i in range(rank)]) for n in ("a", "b")]
+    return make_model(helper.make_node("SwiGLU", ["a", "b"], ["y"], **attrs), ins,
+                      [helper.make_tensor_value_info("y", code, None)], opset=28)
+
+
+@settings(max_examples=gpu_examples(), deadline=None)
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=3), alpha=st.sampled_from([None, 0.5, 1.702, -1.0]),
+       f16=st.booleans(), seed=st.integers(0, 2**16))
+def test_swiglu_matches_onnx_reference(best, shape, alpha, f16, seed):
+    dtype = np.float16 if f16 else np.float32
+    model = _swiglu_model(TP.FLOAT16 if f16 else TP.FLOAT, len(shape), alpha)
+    rng = np.random.default_rng(seed)
+    feeds = {n: rng.uniform(-12, 12, shape).astype(dtype) for n in ("a", "b")}
+    (want,) = ReferenceEvaluator(model).run(None, feeds)
+    (got,) = _run(best, model, feeds)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    # float32: WGSL's exp within a few ulps of numpy's; float16: each stored value rounded as the reference does
+    np.testing.assert_allclose(got, want, rtol=2e-6 if not f16 else 1e-3, atol=1e-30)
+
+
+def test_swiglu_node_cases(best):
+    assert_node_cases_pass_or_declined(best, {"SwiGLU"}, {}, 6)
+
+
+def test_swiglu_second_shape_compiles_nothing(best):
+    model = _swiglu_model(TP.FLOAT, 2, 0.5)
+    rng = np.random.default_rng(1)
+    feeds = [{n: rng.uniform(-4, 4, s).astype(np.float32) for n in ("a", "b")} for s in [(2, 8), (5, 24)]]
+    outs, compiled = runs_from_a_cold_cache(best, model, feeds)
+    assert any("SwiGLU" in lab for lab in compiled[0]) and not [lab for lab in compiled[1] if "SwiGLU" in lab]
+    ref = ReferenceEvaluator(model)
+    for f, (got,) in zip(feeds, outs):
+        np.testing.assert_allclose(got, ref.run(None, f)[0], rtol=2e-6)
+
+
+# ----------------------------------------------------------------------------- TensorScatter
+
+_TYPES = [(np.float32, TP.FLOAT), (np.float16, TP.FLOAT16), (np.int64, TP.INT64), (np.uint8, TP.UINT8),
+          (np.bool_, TP.BOOL), (ml_dtypes.int4, TP.INT4), (ml_dtypes.float8_e4m3fn, TP.FLOAT8E4M3FN)]
+
+
+def _scatter_model(code, rank, axis, mode, with_indices):
+    attrs = {k: v for k, v in (("axis", axis), ("mode", mode)) if v is not None}
+    names = ["past", "update"] + (["idx"] if with_indices else [])
+    ins = [helper.make_tensor_value_info(n, code, [f"{n}{i}" for i in range(rank)]) for n in ("past", "update")]
+    if with_indices:
+        ins.append(helper.make_tensor_value_info("idx", TP.INT64, ["b"]))
+    return make_model(helper.make_node("TensorScatter", names, ["y"], **attrs), ins,
+                      [helper.make_tensor_value_info("y", code, None)], opset=24)
+
+
+def _values(rng, dtype, shape):
+    if dtype == np.bool_:
+        return rng.random(shape) < 0.5
+    if dtype == ml_dtypes.int4:
+        return rng.integers(-8, 8, shape).astype(dtype)
+    return rng.uniform(-100, 100, shape).astype(dtype)
+
+
+@settings(max_examples=gpu_examples(), deadline=None)
+@given(data=st.data(), rank=st.integers(2, 4), circular=st.booleans(), typ=st.sampled_from(_TYPES),
+       seed=st.integers(0, 2**16))
+def test_tensor_scatter_matches_onnx_reference_bit_for_bit(best, data, rank, circular, typ, seed):
+    dtype, code = typ
+    axis = data.draw(st.integers(1, rank - 1))
+    shape = [data.draw(st.integers(1, 3)) for _ in range(rank)]
+    shape[axis] = data.draw(st.integers(1, 8))
+    seq = data.draw(st.integers(0, shape[axis]))
+    ushape = list(shape)
+    ushape[axis] = seq
+    if circular:  # any int64: the kernel reduces it mod the cache length exactly
+        idx = data.draw(st.lists(st.integers(-2**63, 2**63 - 1) | st.integers(-20, 20), min_size=shape[0],
+                                 max_size=shape[0]))
+    else:  # linear: in range, or negative within the cache (numpy's wrap)
+        idx = data.draw(st.lists(st.integers(-shape[axis], shape[axis] - seq), min_size=shape[0], max_size=shape[0]))
+    with_indices = data.draw(st.booleans())
+    model = _scatter_model(code, rank, axis - rank if data.draw(st.booleans()) else axis,
+                           "circular" if circular else data.draw(st.sampled_from([None, "linear"])), with_indices)
+    rng = np.random.default_rng(seed)
+    feeds = {"past": _values(rng, dtype, shape), "update": _values(rng, dtype, ushape)}
+    if with_indices:
+        feeds["idx"] = np.array(idx, np.int64)
+    (want,) = ReferenceEvaluator(model).run(None, feeds)
+    (got,) = _run(best, model, feeds)
+    assert_bits(got, want, "TensorScatter")
+
+
+def test_tensor_scatter_node_cases(best):
+    assert_node_cases_pass_or_declined(best, {"TensorScatter"}, {}, 3)
+
+
+def test_tensor_scatter_second_shape_compiles_nothing(best):
+    model = _scatter_model(TP.FLOAT, 4, 2, "circular", True)
+    rng = np.random.default_rng(2)
+    feeds = [{"past": rng.random((2, 2, 8, 4), np.float32), "update": rng.random((2, 2, 3, 4), np.float32),
+              "idx": np.array([6, 1], np.int64)},
+             {"past": rng.random((3, 2, 16, 4), np.float32), "update": rng.random((3, 2, 5, 4), np.float32),
+              "idx": np.array([14, 0, 9], np.int64)}]
+    outs, compiled = runs_from_a_cold_cache(best, model, feeds)
+    assert any("TensorScatter" in lab for lab in compiled[0])
+    assert not [lab for lab in compiled[1] if "TensorScatter" in lab], compiled[1]
+    ref = ReferenceEvaluator(model)
+    for f, (got,) in zip(feeds, outs):
+        assert_bits(got, ref.run(None, f)[0], "TensorScatter")
