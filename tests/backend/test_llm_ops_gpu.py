@@ -128,3 +128,63 @@ def test_tensor_scatter_second_shape_compiles_nothing(best):
     ref = ReferenceEvaluator(model)
     for f, (got,) in zip(feeds, outs):
         assert_bits(got, ref.run(None, f)[0], "TensorScatter")
+
+
+# ----------------------------------------------------------------------------- CausalConvWithState
+
+
+def _causal_conv_model(code, bias, past, activation):
+    names = ["x", "w", "bias" if bias else "", "past" if past else ""]
+    while names[-1] == "":
+        names.pop()
+    ins = [helper.make_tensor_value_info("x", code, ["b", "c", "t"]), helper.make_tensor_value_info("w", code, ["c", 1, "k"])]
+    ins += [helper.make_tensor_value_info(n, code, None) for n in names[2:] if n]
+    attrs = {} if activation is None else {"activation": activation}
+    node = helper.make_node("CausalConvWithState", names, ["y", "state"], **attrs)
+    return make_model(node, ins, [helper.make_tensor_value_info(o, code, None) for o in ("y", "state")], opset=27)
+
+
+@settings(max_examples=gpu_examples(), deadline=None)
+@given(b=st.integers(1, 2), c=st.integers(1, 4), t=st.integers(1, 9), k=st.integers(1, 5), bias=st.booleans(),
+       past=st.booleans(), activation=st.sampled_from([None, "none", "silu", "swish"]), f16=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_causal_conv_with_state_matches_onnx_reference(best, b, c, t, k, bias, past, activation, f16, seed):
+    dtype, code = (np.float16, TP.FLOAT16) if f16 else (np.float32, TP.FLOAT)
+    rng = np.random.default_rng(seed)
+    model = _causal_conv_model(code, bias, past, activation)
+    feeds = {"x": rng.uniform(-2, 2, (b, c, t)).astype(dtype), "w": rng.uniform(-1, 1, (c, 1, k)).astype(dtype)}
+    if bias:
+        feeds["bias"] = rng.uniform(-1, 1, c).astype(dtype)
+    if past:
+        feeds["past"] = rng.uniform(-2, 2, (b, c, k - 1)).astype(dtype)
+    want = ReferenceEvaluator(model).run(None, feeds)
+    got = _run(best, model, feeds)
+    assert_bits(got[1], want[1], "present_state")  # a copy
+    assert got[0].dtype == want[0].dtype and got[0].shape == want[0].shape
+    # a k-term sum of products below 4 (plus a bias below 1): k + 1 roundings of the type
+    eps = float(np.finfo(dtype).eps)
+    np.testing.assert_allclose(got[0].astype(np.float64), want[0].astype(np.float64), rtol=4 * eps,
+                               atol=(4 * k + 2) * eps * (4 if f16 else 1))
+
+
+def test_causal_conv_with_state_node_cases(best):
+    assert_node_cases_pass_or_declined(best, {"CausalConvWithState"}, {}, 13, expanded=False)
+
+
+def test_causal_conv_with_state_second_shape_compiles_nothing(best):
+    model = _causal_conv_model(TP.FLOAT, True, True, "silu")
+    rng = np.random.default_rng(4)
+
+    def feeds(b, c, t, k):
+        return {"x": rng.uniform(-2, 2, (b, c, t)).astype(np.float32), "w": rng.uniform(-1, 1, (c, 1, k)).astype(np.float32),
+                "bias": rng.uniform(-1, 1, c).astype(np.float32), "past": rng.uniform(-2, 2, (b, c, k - 1)).astype(np.float32)}
+
+    runs = [feeds(2, 4, 8, 4), feeds(3, 6, 1, 3)]  # a new batch, channel count, decode step and kernel width
+    outs, compiled = runs_from_a_cold_cache(best, model, runs)
+    assert any("CausalConvWithState" in lab for lab in compiled[0])
+    assert not [lab for lab in compiled[1] if "CausalConvWithState" in lab], compiled[1]
+    ref = ReferenceEvaluator(model)
+    for f, got in zip(runs, outs):
+        want = ref.run(None, f)
+        assert_bits(got[1], want[1], "present_state")
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-6)
