@@ -188,3 +188,69 @@ def test_causal_conv_with_state_second_shape_compiles_nothing(best):
         want = ref.run(None, f)
         assert_bits(got[1], want[1], "present_state")
         np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- LinearAttention
+
+
+def _linear_attention_model(hq, hkv, rule, past, decay, beta, scale):
+    names = ["q", "k", "v", "past" if past else "", "decay" if decay else "", "beta" if beta else ""]
+    while names[-1] == "":
+        names.pop()
+    ins = [helper.make_tensor_value_info(n, TP.FLOAT, None) for n in names if n]
+    attrs = {"q_num_heads": hq, "kv_num_heads": hkv}
+    if rule is not None:
+        attrs["update_rule"] = rule
+    if scale is not None:
+        attrs["scale"] = scale
+    node = helper.make_node("LinearAttention", names, ["y", "state"], **attrs)
+    return make_model(node, ins, [helper.make_tensor_value_info(o, TP.FLOAT, None) for o in ("y", "state")], opset=27)
+
+
+def _linear_attention_feeds(rng, b, t, hq, hkv, dk, dv, rule, past, decay_per_dim, beta_per_head):
+    f = {"q": rng.uniform(-1, 1, (b, t, hq * dk)), "k": rng.uniform(-1, 1, (b, t, hkv * dk)) / np.sqrt(dk),
+         "v": rng.uniform(-1, 1, (b, t, hkv * dv))}
+    if past:
+        f["past"] = rng.uniform(-0.5, 0.5, (b, hkv, dk, dv))
+    if rule in ("gated", "gated_delta", None):
+        f["decay"] = -rng.uniform(0, 0.5, (b, t, hkv * dk if decay_per_dim else hkv))
+    if rule in ("delta", "gated_delta", None):
+        f["beta"] = rng.uniform(0, 1, (b, t, hkv if beta_per_head else 1))
+    return {k: v.astype(np.float32) for k, v in f.items()}
+
+
+@settings(max_examples=gpu_examples(), deadline=None)
+@given(b=st.integers(1, 2), t=st.integers(1, 6), hkv=st.integers(1, 3), group=st.integers(1, 3), dk=st.integers(1, 6),
+       dv=st.integers(1, 6), rule=st.sampled_from([None, "linear", "gated", "delta", "gated_delta"]), past=st.booleans(),
+       decay_per_dim=st.booleans(), beta_per_head=st.booleans(), scale=st.sampled_from([None, 0.0, 0.3]),
+       seed=st.integers(0, 2**16))
+def test_linear_attention_matches_onnx_reference(best, b, t, hkv, group, dk, dv, rule, past, decay_per_dim,
+                                                 beta_per_head, scale, seed):
+    hq = hkv * group
+    rng = np.random.default_rng(seed)
+    feeds = _linear_attention_feeds(rng, b, t, hq, hkv, dk, dv, rule, past, decay_per_dim, beta_per_head)
+    model = _linear_attention_model(hq, hkv, rule, past, "decay" in feeds, "beta" in feeds, scale)
+    want = ReferenceEvaluator(model).run(None, feeds)
+    got = _run(best, model, feeds)
+    for g, w in zip(got, want):  # float32 sums of d_k products per step, t steps deep
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * (dk + t))
+
+
+def test_linear_attention_node_cases(best):
+    assert_node_cases_pass_or_declined(best, {"LinearAttention"},
+                                       {"test_linear_attention_fp16": "'query' is float16"}, 13, expanded=False)
+
+
+def test_linear_attention_second_shape_compiles_nothing(best):
+    model = _linear_attention_model(4, 2, None, True, True, True, None)
+    rng = np.random.default_rng(6)
+    runs = [_linear_attention_feeds(rng, 2, 4, 4, 2, 8, 8, None, True, True, True),
+            _linear_attention_feeds(rng, 1, 7, 4, 2, 4, 6, None, True, True, True)]  # batch, steps, head sizes
+    outs, compiled = runs_from_a_cold_cache(best, model, runs)
+    assert any("LinearAttention" in lab for lab in compiled[0])
+    assert not [lab for lab in compiled[1] if "LinearAttention" in lab], compiled[1]
+    ref = ReferenceEvaluator(model)
+    for f, got in zip(runs, outs):
+        for g, w in zip(got, ref.run(None, f)):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4)
