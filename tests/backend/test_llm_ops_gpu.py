@@ -10,7 +10,8 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 from onnx import TensorProto as TP, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
-from support.gpu import assert_node_cases_pass_or_declined, gpu_examples, runs_from_a_cold_cache
+from support.gpu import (assert_first_run_alone_compiles, assert_node_cases_pass_or_declined, gpu_examples,
+                         runs_from_a_cold_cache)
 from support.models import make_model
 from support.oracles import assert_bits
 
@@ -53,7 +54,7 @@ def test_swiglu_second_shape_compiles_nothing(best):
     rng = np.random.default_rng(1)
     feeds = [{n: rng.uniform(-4, 4, s).astype(np.float32) for n in ("a", "b")} for s in [(2, 8), (5, 24)]]
     outs, compiled = runs_from_a_cold_cache(best, model, feeds)
-    assert any("SwiGLU" in lab for lab in compiled[0]) and not [lab for lab in compiled[1] if "SwiGLU" in lab]
+    assert_first_run_alone_compiles(compiled, "SwiGLU")
     ref = ReferenceEvaluator(model)
     for f, (got,) in zip(feeds, outs):
         np.testing.assert_allclose(got, ref.run(None, f)[0], rtol=2e-6)
@@ -123,8 +124,7 @@ def test_tensor_scatter_second_shape_compiles_nothing(best):
              {"past": rng.random((3, 2, 16, 4), np.float32), "update": rng.random((3, 2, 5, 4), np.float32),
               "idx": np.array([14, 0, 9], np.int64)}]
     outs, compiled = runs_from_a_cold_cache(best, model, feeds)
-    assert any("TensorScatter" in lab for lab in compiled[0])
-    assert not [lab for lab in compiled[1] if "TensorScatter" in lab], compiled[1]
+    assert_first_run_alone_compiles(compiled, "TensorScatter")
     ref = ReferenceEvaluator(model)
     for f, (got,) in zip(feeds, outs):
         assert_bits(got, ref.run(None, f)[0], "TensorScatter")
@@ -181,8 +181,7 @@ def test_causal_conv_with_state_second_shape_compiles_nothing(best):
 
     runs = [feeds(2, 4, 8, 4), feeds(3, 6, 1, 3)]  # a new batch, channel count, decode step and kernel width
     outs, compiled = runs_from_a_cold_cache(best, model, runs)
-    assert any("CausalConvWithState" in lab for lab in compiled[0])
-    assert not [lab for lab in compiled[1] if "CausalConvWithState" in lab], compiled[1]
+    assert_first_run_alone_compiles(compiled, "CausalConvWithState")
     ref = ReferenceEvaluator(model)
     for f, got in zip(runs, outs):
         want = ref.run(None, f)
@@ -248,8 +247,7 @@ def test_linear_attention_second_shape_compiles_nothing(best):
     runs = [_linear_attention_feeds(rng, 2, 4, 4, 2, 8, 8, None, True, True, True),
             _linear_attention_feeds(rng, 1, 7, 4, 2, 4, 6, None, True, True, True)]  # batch, steps, head sizes
     outs, compiled = runs_from_a_cold_cache(best, model, runs)
-    assert any("LinearAttention" in lab for lab in compiled[0])
-    assert not [lab for lab in compiled[1] if "LinearAttention" in lab], compiled[1]
+    assert_first_run_alone_compiles(compiled, "LinearAttention")
     ref = ReferenceEvaluator(model)
     for f, got in zip(runs, outs):
         for g, w in zip(got, ref.run(None, f)):
