@@ -64,7 +64,7 @@ _TWO_PART = ("shapes", "ranks", "tunables", "attrs", "dtypes", "present", "value
 FUNCTIONS: dict[str, tuple[int, int | None]] = {
     "numel": (1, 3), "ceilDiv": (2, 2), "min": (1, None), "max": (1, None), "bits": (1, 1),
     "slice": (2, 3), "lastNonUnit": (1, 1), "rowStrides": (1, 1), "broadcastStrides": (2, 2), "nonzeroIndices": (1, 1), "listLength": (1, 1), "sliceMap": (5, 5), "divMagic": (1, 1), "resizeTables": (15, 15),
-    "dftTwiddles": (1, 1),
+    "dftTwiddles": (1, 1), "melBins": (7, 7),
 }
 _BOOL_NAMES = {"true": True, "false": False}
 #: Identifiers a derived value may not be called.
@@ -737,12 +737,12 @@ class _Evaluator:
             from .resize_taps import resize_tables  # noqa: PLC0415 - numpy
 
             return _as_value(resize_tables(*args))
-        if fname == "dftTwiddles":  # the signal kernels' twiddle table (backend_wgpu/signal_tables.py)
-            from .signal_tables import dft_twiddles  # noqa: PLC0415 - numpy
+        if fname in ("dftTwiddles", "melBins"):  # the signal kernels' tables (backend_wgpu/signal_tables.py)
+            from .signal_tables import dft_twiddles, mel_bin_edges  # noqa: PLC0415 - numpy
 
-            if not _is_int(args[0]):
+            if fname == "dftTwiddles" and not _is_int(args[0]):
                 raise self.fail(f"dftTwiddles() needs an int, found {type_name(args[0])}")
-            return dft_twiddles(args[0])
+            return _as_value(dft_twiddles(*args) if fname == "dftTwiddles" else mel_bin_edges(*args))
         if fname == "bits":
             name = args[0]
             if not isinstance(name, str):

@@ -14,6 +14,7 @@ from onnx.reference import ReferenceEvaluator
 from support.gpu import (assert_first_run_alone_compiles, assert_node_cases_pass_or_declined, gpu_examples,
                          runs_from_a_cold_cache)
 from support.models import make_model
+from support.oracles import assert_bits
 
 from onnx_quant.backend_wgpu.session import Session
 from onnx_quant.errors import ExecutionError
@@ -33,6 +34,11 @@ def _dft_model(opset, rank, axis, n, inverse, onesided, dtype=TP.FLOAT):
     node = helper.make_node("DFT", names, ["y"], **attrs)
     x = helper.make_tensor_value_info("x", dtype, [f"d{i}" for i in range(rank)])
     return make_model(node, [x], [helper.make_tensor_value_info("y", dtype, None)], inits, opset)
+
+
+def _run_signal(best, model, feeds):
+    with Session(model, device=best, allow_host_fallback=False) as s:
+        return s.run(None, feeds)
 
 
 def _close(got, want, x, n):
@@ -71,8 +77,7 @@ def test_dft_matches_onnx_reference(best, case, seed):
                        case["onesided"], code)
     x = np.random.default_rng(seed).uniform(-4, 4, case["shape"]).astype(case["dtype"])
     (want,) = ReferenceEvaluator(model).run(None, {"x": x})
-    with Session(model, device=best, allow_host_fallback=False) as s:
-        (got,) = s.run(None, {"x": x})
+    (got,) = _run_signal(best, model, {"x": x})
     ax = case["axis"] % len(case["shape"])
     _close(got, want, x, case["n"] or case["shape"][ax])
 
@@ -133,8 +138,7 @@ def test_stft_matches_onnx_reference(best, batch, frame, extra, step, complex_, 
                         TP.FLOAT16 if f16 else TP.FLOAT)
     x = rng.uniform(-3, 3, (batch, frame + extra, 2 if complex_ else 1)).astype(dtype)
     (want,) = ReferenceEvaluator(model).run(None, {"x": x})
-    with Session(model, device=best, allow_host_fallback=False) as s:
-        (got,) = s.run(None, {"x": x})
+    (got,) = _run_signal(best, model, {"x": x})
     _close(got, want, x, frame)
 
 
@@ -153,3 +157,40 @@ def test_stft_second_shape_compiles_nothing(best):
     for f, (got,) in zip(feeds, outs):
         (want,) = ref.run(None, f)
         _close(got, want, f["x"], 16)
+
+
+# ----------------------------------------------------------------------------- MelWeightMatrix
+
+
+def _mel_model(mel, dft, rate, lo, hi, int_type, float_type, out_type):
+    vals = {"mel": np.array(mel, int_type), "dft": np.array(dft, int_type), "rate": np.array(rate, int_type),
+            "lo": np.array(lo, float_type), "hi": np.array(hi, float_type)}
+    attrs = {} if out_type is None else {"output_datatype": out_type}
+    node = helper.make_node("MelWeightMatrix", list(vals), ["y"], **attrs)
+    code = TP.FLOAT if out_type is None else out_type
+    return make_model(node, [], [helper.make_tensor_value_info("y", code, None)],
+                      [numpy_helper.from_array(v, k) for k, v in vals.items()], 17)
+
+
+@settings(max_examples=gpu_examples(), deadline=None)
+@given(mel=st.integers(1, 12), dft=st.integers(8, 96), rate=st.sampled_from([8000, 16000, 22050]),
+       lo=st.floats(0, 2000, width=32), span=st.floats(100, 8000, width=32), int_type=st.sampled_from([np.int32, np.int64]),
+       float_type=st.sampled_from([np.float32, np.float64]), out_type=st.sampled_from([None, TP.FLOAT, TP.FLOAT16]))
+def test_mel_weight_matrix_matches_onnx_reference_bit_for_bit(best, mel, dft, rate, lo, span, int_type, float_type,
+                                                              out_type):
+    model = _mel_model(mel, dft, rate, lo, min(lo + span, rate / 2), int_type, float_type, out_type)
+    try:
+        (want,) = ReferenceEvaluator(model).run(None, {})
+    except IndexError:  # the reference indexes outside the rows: the kernel must decline
+        want = None
+    try:
+        (got,) = _run_signal(best, model, {})
+    except ExecutionError as e:
+        assert "edgesOk" in str(e) or want is None, e
+        return
+    assert want is not None
+    assert_bits(got, want, "MelWeightMatrix")
+
+
+def test_mel_weight_matrix_node_case(best):
+    assert_node_cases_pass_or_declined(best, {"MelWeightMatrix"}, {}, 1)
