@@ -529,7 +529,8 @@ def _conformance_suite(ops, device, as_json: bool, with_ort: bool) -> int:
     if ort is not None:
         print(f"onnxruntime column: {onnxruntime_column_note()}", file=sys.stderr)
     print(f"conformance --suite all: {total.passed}/{total.cases} pass on {device.info.name} ({total.wrong} wrong, "
-          f"{total.declined} declined, {total.no_kernel} no kernel, {total.errors} errors){ort_text}", file=sys.stderr)
+          f"{total.declined} declined, {total.no_kernel} no kernel, {total.host_only} host-only, {total.errors} errors)"
+          f"{ort_text}", file=sys.stderr)
     return 0 if gpu and total.wrong == 0 and total.errors == 0 else 1
 
 

@@ -34,7 +34,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnx_quant.errors import ExecutionError, QuantError
+from onnx_quant.errors import ExecutionError, KernelRejected, QuantError
 from onnx_quant.node_cases import all_node_cases
 from onnx_quant.oracles import not_an_oracle
 
@@ -283,8 +283,10 @@ def run_case(case: Any, *, device: Any = None, adapter: Any = None, host_fallbac
     session = None
     try:
         feeds, names, expected = case_io(case)
-        if any(not isinstance(v, np.ndarray) for v in feeds.values()):
-            raise ExecutionError("a sequence or optional input: the GPU backend runs tensors only")
+        for name, v in feeds.items():
+            if not isinstance(v, np.ndarray):  # a typed decline, as a kernel's
+                raise KernelRejected("", "", "a sequence or optional input: the GPU backend runs tensors only",
+                                     where=f"input {name!r}")
         session = make_session(case.model, device=device, adapter=adapter, host_fallback=host_fallback)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -40,7 +40,7 @@ from typing import Any, Iterable, Mapping
 from onnx_quant.errors import ExpressionError
 
 from .device_info import KNOWN_FEATURES, WEBGPU_DEFAULT_LIMITS
-from .index_math import div_magic, slice_map
+from .index_math import conv_windows, div_magic, slice_map
 
 __all__ = [
     "Expr", "Env", "Scope", "Value", "parse", "evaluate", "evaluate_value", "free_names",
@@ -64,6 +64,7 @@ _TWO_PART = ("shapes", "ranks", "tunables", "attrs", "dtypes", "present", "value
 FUNCTIONS: dict[str, tuple[int, int | None]] = {
     "numel": (1, 3), "ceilDiv": (2, 2), "min": (1, None), "max": (1, None), "bits": (1, 1),
     "slice": (2, 3), "lastNonUnit": (1, 1), "rowStrides": (1, 1), "broadcastStrides": (2, 2), "nonzeroIndices": (1, 1), "listLength": (1, 1), "convWindows": (5, 5), "sliceMap": (5, 5), "divMagic": (1, 1), "resizeTables": (15, 15),
+    "dftTwiddles": (1, 1), "melBins": (7, 7),
 }
 _BOOL_NAMES = {"true": True, "false": False}
 #: Identifiers a derived value may not be called.
@@ -714,13 +715,10 @@ class _Evaluator:
                 raise self.fail(f"nonzeroIndices() needs a list, found {type_name(args[0])}")
             return tuple(i for i, v in enumerate(args[0]) if v)
         if fname == "convWindows":  # sliding positions per spatial axis (Col2Im's blocks, a conv's output)
-            img, blk, dil, pads, strides = args
-            n = len(img) if isinstance(img, tuple) else -1
-            dil, strides, pads = dil or (1,) * n, strides or (1,) * n, pads or (0,) * (2 * n)
-            if not (all(isinstance(s, tuple) and all(_is_int(d) for d in s) for s in (img, blk, dil, pads, strides))
-                    and len(blk) == len(dil) == len(strides) == n and len(pads) == 2 * n and min(strides, default=1) >= 1):
-                raise self.fail(f"convWindows() needs image, block, dilations, strides of one length, pads of twice it, strides >= 1: found {args!r}")
-            return tuple((img[d] + pads[d] + pads[d + n] - dil[d] * (blk[d] - 1) - 1) // strides[d] + 1 for d in range(n))
+            try:
+                return conv_windows(*args)
+            except ValueError as err:
+                raise self.fail(f"convWindows() {err}, found {args!r}") from None
         if fname == "broadcastStrides":  # the input's strides per output axis, 0 where it broadcasts
             ins, outs = args
             if not all(isinstance(s, tuple) and all(_is_int(d) for d in s) for s in (ins, outs)) or len(ins) > len(outs):
@@ -744,6 +742,11 @@ class _Evaluator:
             from .resize_taps import resize_tables  # noqa: PLC0415 - numpy
 
             return _as_value(resize_tables(*args))
+        if fname in ("dftTwiddles", "melBins"):  # the signal kernels' tables (backend_wgpu/signal_tables.py)
+            from .signal_tables import dft_twiddles, mel_bin_edges  # noqa: PLC0415 - numpy
+            if fname == "dftTwiddles" and not _is_int(args[0]):
+                raise self.fail(f"dftTwiddles() needs an int, found {type_name(args[0])}")
+            return _as_value(dft_twiddles(*args) if fname == "dftTwiddles" else mel_bin_edges(*args))
         if fname == "bits":
             name = args[0]
             if not isinstance(name, str):

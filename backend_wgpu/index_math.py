@@ -68,3 +68,17 @@ def slice_map(shape: tuple, starts: tuple, ends: tuple, axes: tuple, steps: tupl
             dims.insert(0, lens[d])
             strides.insert(0, st)
     return (offset, tuple(lens), True, tuple(dims), tuple(st % 2 ** 32 for st in strides))
+
+
+def conv_windows(image: tuple, block: tuple, dilations: tuple, pads: tuple, strides: tuple) -> tuple:
+    """The sliding positions of ``block`` over ``image`` per spatial axis (empty ``dilations``,
+    ``pads``, ``strides``: 1, 0, 1): Col2Im's block count, a convolution's output size."""
+    n = len(image) if isinstance(image, tuple) else -1
+    dilations, strides, pads = dilations or (1,) * n, strides or (1,) * n, pads or (0,) * (2 * n)
+    lists = (image, block, dilations, pads, strides)
+    if not (all(isinstance(s, tuple) and all(type(d) is int for d in s) for s in lists)
+            and len(block) == len(dilations) == len(strides) == n and len(pads) == 2 * n
+            and min(strides, default=1) >= 1):
+        raise ValueError("needs image, block, dilations and strides of one length, pads of twice it, strides >= 1")
+    return tuple((image[d] + pads[d] + pads[d + n] - dilations[d] * (block[d] - 1) - 1) // strides[d] + 1
+                 for d in range(n))

@@ -48,7 +48,8 @@ import onnx
 from onnx_quant.budget import resolve as resolve_budget
 from onnx_quant.dim_text import is_anonymous
 from onnx_quant.dtypes import element_type, ort_type, type_name
-from onnx_quant.errors import BudgetError, ExecutionError, HostFallbackWarning, IndexRangeError, QuantError
+from onnx_quant.errors import (BudgetError, ExecutionError, HostFallbackWarning, IndexRangeError, KernelRejected,
+                               QuantError)
 from onnx_quant.model_io import initializer_arrays, load_model
 
 from . import data_dependent as dd
@@ -507,7 +508,9 @@ class Session:
             try:
                 want = element_type(code)
             except QuantError:
-                raise ExecutionError(f"input {name!r}: element type {type_name(code)} is not supported") from None
+                # a typed decline: the value has no device form (strings), not a bad feed
+                raise KernelRejected("", "", f"element type {type_name(code)} has no device form",
+                                     where=f"input {name!r}") from None
             if arr.dtype != want.dtype:
                 numpy = "" if want.name == str(want.dtype) else f" (numpy {want.dtype})"
                 raise ExecutionError(f"input {name!r}: expected {want.name}{numpy}, found {arr.dtype}")

@@ -9,6 +9,8 @@ Each case gets one outcome:
   rtol/atol) and every node ran on the GPU (or was folded, a view or a Constant);
 - ``wrong``: the GPU ran the model and an output differs: a bug, the one outcome that must stay 0;
 - ``no kernel``: some node's op type has no GPU kernel at the model's opset;
+- ``host-only``: some node's op is host-only by nature (strings, image decoding, tree ensembles,
+  training steps: :data:`verdict.HOST_ONLY_OPS`), declined by name;
 - ``declined``: a kernel exists but declines the node (a type, attribute or shape outside what it
   computes exactly: ``KernelRejected``), or the case has values the GPU backend does not take
   (sequences, optionals, strings);
@@ -25,8 +27,9 @@ from typing import Any, Callable, Iterable, Sequence
 from onnx_quant.node_cases import all_node_cases
 
 from .conformance import CaseResult, case_op_type, run_conformance
+from .verdict import HOST_ONLY
 
-OUTCOMES = ("pass", "wrong", "declined", "no kernel", "error")
+OUTCOMES = ("pass", "wrong", "declined", "no kernel", "host-only", "error")
 
 
 def suite_cases(ops: Iterable[str] | None = None) -> list[Any]:
@@ -50,6 +53,8 @@ def outcome(row: CaseResult) -> str:
     if row.max_error is not None and not row.outputs_match:
         return "wrong"
     error = row.error or ""
+    if f" {HOST_ONLY}: " in error:
+        return "host-only"
     if "no GPU kernel for" in error:
         return "no kernel"
     if error.startswith("internal error") or "compiling the shader failed" in error:
@@ -65,13 +70,14 @@ class OpSummary:
     wrong: int = 0
     declined: int = 0
     no_kernel: int = 0
+    host_only: int = 0
     errors: int = 0
     onnxruntime: int | None = None  # cases onnxruntime CPU passes (None: not run)
 
     def add(self, row: CaseResult) -> None:
         self.cases += 1
         kind = outcome(row)
-        attr = {"pass": "passed", "no kernel": "no_kernel", "error": "errors"}.get(kind, kind)
+        attr = {"pass": "passed", "no kernel": "no_kernel", "host-only": "host_only", "error": "errors"}.get(kind, kind)
         setattr(self, attr, getattr(self, attr) + 1)
 
 
@@ -108,11 +114,11 @@ def run_suite(ops: Iterable[str] | None = None, *, device: Any = None, adapter: 
 def format_summary(summary: Sequence[OpSummary]) -> str:
     """The per-op table as text (the CLI's output; docs/conformance.md writes it as markdown)."""
     width = max(len(s.op_type) for s in summary)
-    head = f"{'op':<{width}}  {'cases':>5}  {'pass':>5}  {'wrong':>5}  {'declined':>8}  {'no kernel':>9}  {'error':>5}"
+    head = f"{'op':<{width}}  {'cases':>5}  {'pass':>5}  {'wrong':>5}  {'declined':>8}  {'no kernel':>9}  {'host-only':>9}  {'error':>5}"
     with_ort = summary[-1].onnxruntime is not None
     lines = [head + ("  onnxruntime-cpu" if with_ort else "")]
     for s in summary:
         line = (f"{s.op_type:<{width}}  {s.cases:>5}  {s.passed:>5}  {s.wrong:>5}  {s.declined:>8}  "
-                f"{s.no_kernel:>9}  {s.errors:>5}")
+                f"{s.no_kernel:>9}  {s.host_only:>9}  {s.errors:>5}")
         lines.append(line + (f"  {s.onnxruntime:>15}" if with_ort else ""))
     return "\n".join(lines)

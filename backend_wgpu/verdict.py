@@ -31,6 +31,28 @@ DEFAULT_DOMAINS = ("", "ai.onnx")
 #: ops that run as a view of their input's buffer (no kernel, no copy)
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
 
+_STRINGS = "string tensors have no device form"
+#: (domain, op) -> why the op stays on the host by nature: no GPU kernel is meant to cover it, and
+#: the verdict names it so (``<op> is host-only: <why>``) instead of "no GPU kernel"
+HOST_ONLY_OPS: Mapping[tuple[str, str], str] = {
+    ("", "StringNormalizer"): _STRINGS, ("", "StringSplit"): _STRINGS, ("", "StringConcat"): _STRINGS,
+    ("", "RegexFullMatch"): _STRINGS, ("", "TfIdfVectorizer"): "n-gram matching over token pools (strings or ids)",
+    ("", "ImageDecoder"): "decoding compressed image bytes (JPEG, PNG, ...)",
+    ("ai.onnx.ml", "LabelEncoder"): "a lookup table over strings or numbers",
+    ("ai.onnx.ml", "TreeEnsemble"): "data-dependent tree walks",
+    ("ai.onnx.preview.training", "Adam"): "a training step", ("ai.onnx.preview.training", "Adagrad"): "a training step",
+    ("ai.onnx.preview.training", "Momentum"): "a training step",
+}
+
+#: the words every host-only verdict carries (what the conformance summary counts by)
+HOST_ONLY = "is host-only"
+
+
+def host_only_reason(domain: str, op_type: str) -> str:
+    """``<op> is host-only: <why>`` for an op of :data:`HOST_ONLY_OPS`, else ''."""
+    why = HOST_ONLY_OPS.get(("" if domain in DEFAULT_DOMAINS else domain, op_type))
+    return f"{op_text(domain, op_type)} {HOST_ONLY}: {why}" if why else ""
+
 
 def onnx_type(code: int) -> str | None:
     """The element type name of a TensorProto code, or None when the backend has no such type."""
@@ -148,7 +170,8 @@ def kernel_verdict(specs: Any, node: onnx.NodeProto, domain: str, version: int,
     """The verdict of registry ``specs`` (``find(domain, op, version)``) on ``node``."""
     spec = specs.find(domain, node.op_type, version)
     if spec is None:
-        return Verdict(None, f"no GPU kernel for {op_text(domain, node.op_type)} at opset {version}")
+        return Verdict(None, host_only_reason(domain, node.op_type)
+                       or f"no GPU kernel for {op_text(domain, node.op_type)} at opset {version}")
     return Verdict(spec, spec_rejects(spec, node, elem_of))
 
 

@@ -73,19 +73,20 @@ def render_suite(gpu_rows, ort_rows) -> list[str]:
         "(`onnx-quant conformance --suite all`, `backend_wgpu/suite.py`) and through onnxruntime's CPU provider, "
         "judged as above. Outcomes: *pass*; *wrong* (the GPU ran and an output differs: must stay 0); "
         "*declined* (a kernel exists but declines the node: a type, attribute or size it does not compute "
-        "exactly, or sequence/optional values); *no kernel* (an op type without a GPU kernel at that opset); "
-        "*error* (an internal error).",
+        "exactly, or sequence/optional/string values); *no kernel* (an op type without a GPU kernel at that opset); "
+        "*host-only* (an op host-only by nature, declined by name: strings, image decoding, tree ensembles, "
+        "training steps); *error* (an internal error).",
         "",
         f"- **GPU: {t.passed}/{t.cases} pass**, {t.wrong} wrong, {t.declined} declined, {t.no_kernel} no kernel, "
-        f"{t.errors} errors.",
+        f"{t.host_only} host-only, {t.errors} errors.",
         f"- **onnxruntime CPU: {t.onnxruntime}/{t.cases} pass** (same cases, same comparison).",
         "",
-        "| op | cases | GPU pass | wrong | declined | no kernel | error | onnxruntime CPU pass |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| op | cases | GPU pass | wrong | declined | no kernel | host-only | error | onnxruntime CPU pass |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in summary:
         name = f"**{s.op_type}**" if s.op_type == "all" else s.op_type
-        lines.append(f"| {name} | {s.cases} | {s.passed} | {s.wrong} | {s.declined} | {s.no_kernel} | {s.errors} | "
+        lines.append(f"| {name} | {s.cases} | {s.passed} | {s.wrong} | {s.declined} | {s.no_kernel} | {s.host_only} | {s.errors} | "
                      f"{s.onnxruntime} |")
     declined = [r for r in gpu_rows if outcome(r) == "declined"]
     lines += ["", "### Declined cases and why", ""]

@@ -6,9 +6,17 @@ from __future__ import annotations
 
 import json
 
-from onnx_quant.backend_wgpu.conformance import CaseResult
+import numpy as np
+import pytest
+from onnx import helper
+
+from onnx_quant.backend_wgpu.conformance import CaseResult, run_case
+from onnx_quant.backend_wgpu.reporting import make_session
+from onnx_quant.backend_wgpu.spec import load_specs
+from onnx_quant.backend_wgpu.verdict import HOST_ONLY_OPS, kernel_verdict
 from onnx_quant.backend_wgpu.suite import OUTCOMES, outcome, run_suite, suite_cases, summarise
 from onnx_quant.cli import main
+from onnx_quant.errors import KernelRejected
 
 #: measured on lavapipe with this commit's kernels (docs/conformance.md); a kernel lost or a case
 #: newly declined shows here
@@ -27,15 +35,17 @@ def test_outcomes_of_rows():
         _row("d", "Cast", error="1 node(s) cannot run on the GPU: node 'c' (Cast): kernel Cast: 'x' is string"),
         _row("e", "Cast", error="internal error: ValueError: boom"),
         _row("f", "LSTM", error="compiling the shader failed (kernel LSTM, variant v, pass main): GPUValidationError"),
+        _row("g", "StringSplit", error="1 node(s) cannot run on the GPU: node 's' (StringSplit): StringSplit is host-only: "
+                                       "string tensors have no device form"),
     ]
-    assert [outcome(r) for r in rows] == ["pass", "wrong", "no kernel", "declined", "error", "error"]
+    assert [outcome(r) for r in rows] == ["pass", "wrong", "no kernel", "declined", "error", "error", "host-only"]
     summary = summarise(rows, [_row("a", "Relu", passed=True), _row("c", "Hardmax", passed=True)])
     by_op = {s.op_type: s for s in summary}
     assert (by_op["Relu"].cases, by_op["Relu"].passed, by_op["Relu"].wrong, by_op["Relu"].onnxruntime) == (2, 1, 1, 1)
     assert (by_op["Cast"].declined, by_op["Cast"].errors) == (1, 1)
     total = summary[-1]
-    assert total.op_type == "all" and total.cases == 6 and total.onnxruntime == 2
-    assert total.passed + total.wrong + total.declined + total.no_kernel + total.errors == total.cases
+    assert total.op_type == "all" and total.cases == 7 and total.onnxruntime == 2 and total.host_only == 1
+    assert total.passed + total.wrong + total.declined + total.no_kernel + total.host_only + total.errors == total.cases
     assert summarise(rows)[-1].onnxruntime is None
 
 
@@ -53,13 +63,33 @@ def test_sequence_inputs_are_declined_not_internal_errors(best):
     assert all(r.passed for r in ort)  # onnxruntime compares sequence outputs element by element
 
 
+def test_sequence_and_string_feeds_are_typed_declines(best):
+    """A sequence feed (the runner) and a string feed (Session) raise KernelRejected, as a kernel's
+    decline does, naming the input: never a bare ExecutionError."""
+    (case,) = [c for c in suite_cases(["Equal"]) if c.name == "test_equal_string"]
+    session = make_session(case.model, device=best, host_fallback=True)
+    x = np.array(["a", "b"], dtype=object)
+    with pytest.raises(KernelRejected, match="input 'x': element type string has no device form"):
+        session.run(None, {"x": x, "y": x})
+    (seq,) = [c for c in suite_cases(["SequenceInsert"]) if c.name == "test_sequence_insert_at_back"]
+    row = run_case(seq, device=best, host_fallback=False)
+    assert row.error.startswith("input ") and "runs tensors only" in row.error
+
+
+def test_host_only_ops_are_declined_by_name():
+    specs = load_specs()
+    for (domain, op), why in HOST_ONLY_OPS.items():
+        verdict = kernel_verdict(specs, helper.make_node(op, ["x"], ["y"], domain=domain), domain, 30, lambda n: 0)
+        assert verdict.spec is None and verdict.reason.endswith(f"is host-only: {why}"), (op, verdict)
+
+
 def test_conformance_suite_all_command(best, capsys):
     rc = main(["conformance", "--suite", "all", "--ops", "Relu,TfIdfVectorizer", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["suite"] == "all"
     ops = {o["op_type"]: o for o in out["ops"]}
     assert ops["Relu"]["passed"] == ops["Relu"]["cases"] > 0
-    assert ops["TfIdfVectorizer"]["no_kernel"] == ops["TfIdfVectorizer"]["cases"] > 0
+    assert ops["TfIdfVectorizer"]["host_only"] == ops["TfIdfVectorizer"]["cases"] > 0
     assert ops["all"]["onnxruntime"] >= ops["Relu"]["cases"]
     assert {c["outcome"] for c in out["cases"]} <= set(OUTCOMES)
     rc = main(["conformance", "--suite", "all", "--ops", "Relu", "--no-onnxruntime"])

@@ -112,6 +112,14 @@ def runs_from_a_cold_cache(device, model, feeds_list, *, kernel=None, variant=No
     return outs, compiled
 
 
+def assert_first_run_alone_compiles(compiled, kernel: str) -> None:
+    """``runs_from_a_cold_cache``'s labels: the first run compiled ``kernel``'s pipelines and no later
+    run compiled any (its sizes are runtime uniforms)."""
+    assert any(kernel in lab for lab in compiled[0]), compiled[0]
+    for labels in compiled[1:]:
+        assert not [lab for lab in labels if kernel in lab], labels
+
+
 def assert_node_cases_every_variant(device, op_types, variants) -> int:
     """ONNX's node cases with a node of ``op_types``, run with each of ``variants`` forced on
     their first node: outputs bit for bit as the case expects. Returns the number of cases."""
