@@ -181,8 +181,8 @@ def infer_outputs(b: Builder, op: str, inputs, n_out: int, attrs: dict, data: di
         return None
     names = [i.name if isinstance(i, Val) else i for i in inputs]
     outs = [f"out{i}" for i in range(n_out)]
-    node = helper.make_node(op, names, outs, **attrs)
     try:
+        node = helper.make_node(op, names, outs, **attrs)
         onnx.checker.check_node(node, _checker_context(b.opset, ()))
         types = {i.name: _type_proto(i) for i in inputs if isinstance(i, Val) and i.name}
         got = onnx.shape_inference.infer_node_outputs(

@@ -156,9 +156,11 @@ def fuzz_batch(device, stats: Stats, *, examples: int, seed: int | None, max_nod
         body = hypothesis_seed(seed)(body)
     try:
         body()
-    except Exception:  # noqa: BLE001 - the Finding, or hypothesis's Flaky once shrinking stopped early
-        if not last:
-            raise
+    except Exception as e:  # noqa: BLE001 - the Finding, or hypothesis's Flaky once shrinking stopped early
+        if not last:  # a generator's own fault while drawing a graph: the fuzzer's bug, counted
+            stats.outcomes["generator-error"] += 1
+            stats.invalid[f"generator: {type(e).__name__}: {e}"[:120]] += 1
+            return None
         model, outcome = prune(last["model"], last["outcome"], device)
         stats.record(model, outcome)
         entry = {"kind": outcome.kind, "detail": outcome.detail[:600], "nodes": len(model.graph.node),

@@ -116,6 +116,8 @@ def gen_qdq_unit(draw, b: Builder) -> bool:
         kernel = [draw(st.integers(1, min(3, d))) for d in q.shape[2:]]
         attrs = {"kernel_shape": kernel, **window_attrs(draw, len(kernel), kernel, dilations=False)}
     elif op == "Transpose":
+        if q.rank == 0:
+            return False
         attrs["perm"] = list(draw(st.permutations(range(q.rank))))
     elif op == "Softmax":
         if q.rank == 0:
