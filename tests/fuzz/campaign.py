@@ -26,7 +26,7 @@ REGRESSIONS = Path(__file__).resolve().parent / "regressions"
 
 
 #: how long hypothesis may shrink one finding (each step runs a graph on the device)
-SHRINK_SECONDS = 45
+SHRINK_SECONDS = 40
 
 
 class Finding(AssertionError):

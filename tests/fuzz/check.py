@@ -99,10 +99,35 @@ def _dims_text(shape) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]" if shape is not None else "?"
 
 
-def inference_problems(model: onnx.ModelProto, values: dict[str, np.ndarray]) -> list[str]:
-    """Every value whose inferred type or shape differs from what onnx.reference computed (the
-    symbol ``N`` bound to the feeds' batch), or from onnx's strict shape inference where onnx
-    gives every dim of it."""
+def _onnxruntime_values(model: onnx.ModelProto, feeds, names: list[str]) -> dict[str, np.ndarray]:
+    """onnxruntime's values of ``names`` (made graph outputs); {} where it cannot run them."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    have = {o.name for o in m.graph.output}
+    m.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in have)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = oracles.exact_onnxruntime_run(m, feeds, level="ORT_DISABLE_ALL")
+    except Exception:  # noqa: BLE001 - no second opinion
+        return {}
+    return dict(zip([o.name for o in m.graph.output], got))
+
+
+def inference_problems(model: onnx.ModelProto, values: dict[str, np.ndarray], feeds=None) -> list[str]:
+    """Every value whose inferred type or shape differs from what the runtimes computed (the GPU's
+    outputs, onnx.reference's intermediates; the symbol ``N`` bound to the feeds' batch), or from
+    onnx's strict shape inference where onnx gives every dim of it. Where onnx.reference's value
+    disagrees, onnxruntime's value of it decides (onnx.reference's QLinearConv of a 1-D input
+    returns a 4-D array)."""
+    problems = _runtime_problems(model, values)
+    if problems and feeds is not None:
+        theirs = _onnxruntime_values(model, feeds, [name for name, _ in problems])
+        problems = [(n, p) for n, p in _runtime_problems(model, {**values, **theirs}) if n in dict(problems)]
+    return [p for _, p in problems] + _onnx_problems(model)
+
+
+def _runtime_problems(model: onnx.ModelProto, values: dict[str, np.ndarray]) -> list[tuple[str, str]]:
     problems = []
     ours = infer(model).values()
     bind = {BATCH: _batch(model)}
@@ -112,14 +137,20 @@ def inference_problems(model: onnx.ModelProto, values: dict[str, np.ndarray]) ->
         info = ours.get(name)
         arr = np.asarray(arr)
         if info is None or info.elem_type == 0 or info.shape is None:
-            problems.append(f"{name}: not inferred (runtime {arr.dtype}{list(arr.shape)})")
+            problems.append((name, f"{name}: not inferred (runtime {arr.dtype}{list(arr.shape)})"))
             continue
         want_type = onnx.helper.np_dtype_to_tensor_dtype(arr.dtype)
         got_shape = [evaluate(d, bind) for d in info.shape]
         if info.elem_type != want_type or len(got_shape) != arr.ndim or any(
                 g is not None and g != w for g, w in zip(got_shape, arr.shape)):
-            problems.append(f"{name}: inferred {onnx.helper.tensor_dtype_to_string(info.elem_type)}"
-                            f"{_dims_text(info.shape)}, runtime {arr.dtype}{list(arr.shape)}")
+            problems.append((name, f"{name}: inferred {onnx.helper.tensor_dtype_to_string(info.elem_type)}"
+                                   f"{_dims_text(info.shape)}, runtime {arr.dtype}{list(arr.shape)}"))
+    return problems
+
+
+def _onnx_problems(model: onnx.ModelProto) -> list[str]:
+    problems = []
+    ours = infer(model).values()
     try:
         theirs = onnx.shape_inference.infer_shapes(model, strict_mode=True)
     except Exception:  # noqa: BLE001 - onnx refusing (or not covering) the model gives no answer to compare
@@ -226,7 +257,7 @@ def check_model(model: onnx.ModelProto, device) -> Outcome:
                            kernels)
         return localize(model, feeds, device, expected, kernels, cmp.detail)
     try:
-        problems = inference_problems(model, values)
+        problems = inference_problems(model, {**values, **dict(zip(names, got))}, feeds)
     except Exception as e:  # noqa: BLE001 - the engine raising on a valid model is a finding
         return Outcome("inference", f"{type(e).__name__}: {e}"[:2000], kernels)
     if problems:
