@@ -111,6 +111,7 @@ def _reason(detail: str) -> str:
     """A refusal's reason without its node names and shapes (so that like reasons count together)."""
     import re
 
+    detail = re.sub(r"^(\w+: )(the )?input shapes (\{.*?\}|\(.*?\))( do not fit the model)?: ", r"\1\4: ", detail)
     text = re.sub(r"'n\d+'|node n\d+|\bv\d+\b|\bin\d+\b|\bc\d+\b", "_", detail)
     text = re.sub(r"\{[^}]*\}|\[[^\]]*\]|\(\d[^)]*\)", "…", text)
     return text[:160]
