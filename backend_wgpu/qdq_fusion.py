@@ -11,8 +11,9 @@ onnxruntime's fused kernel computes:
 ========================================  ======================================================
 unit                                      becomes
 ========================================  ======================================================
-DQ(x), DQ(w)[, DQ(b int32)] -> Conv -> Q  QLinearConv (ai.onnx)
-DQ, DQ -> MatMul -> Q                     QLinearMatMul (ai.onnx)
+DQ(x), DQ(w)[, DQ(b int32)] -> Conv -> Q  QLinearConv (ai.onnx_quant: ai.onnx's, requantized as
+                                          onnxruntime's kernel does: round, then + zero point)
+DQ, DQ -> MatMul -> Q                     QLinearMatMul (ai.onnx_quant, the same)
 DQ, DQ -> Add / Mul -> Q                  com.microsoft QLinearAdd / QLinearMul
 DQ -> AveragePool / GlobalAveragePool /   com.microsoft QLinear<op> (Softmax gets ``opset``, the
 LeakyRelu / Sigmoid / Softmax -> Q        Softmax schema's version)
@@ -60,6 +61,9 @@ from .passes import PassResult, RewritePass, elem_lookup, kernel_check, unit_fau
 from .verdict import DEFAULT_DOMAINS
 
 MS_DOMAIN = "com.microsoft"
+#: the project's own domain: the fused Conv and MatMul units are its QLinearConv / QLinearMatMul,
+#: ai.onnx's operators requantized as onnxruntime's fused kernels do (round, then + zero point)
+QUANT_DOMAIN = "ai.onnx_quant"
 
 #: onnxruntime's "drop" rules: ops that move data without changing it (DQ -> op -> Q with equal
 #: params becomes the op on the quantized tensor); MaxPool from 12 (integer MaxPool), no 16-bit
@@ -315,7 +319,7 @@ def _rule_conv(G: _QdqIndex, i: int, zps: dict[str, int], int8_allowed: bool) ->
     ins = _dq_args(G, u.dqs[0], zps) + _dq_args(G, u.dqs[1], zps) + _q_args(G, u.qs[0], zps)
     if 2 in u.dqs:
         ins.append(G.nodes[u.dqs[2]].input[0])
-    return _Fusion("conv", u, "QLinearConv", "", ins, [G.nodes[u.qs[0]].output[0]], _attrs(G.nodes[i]))
+    return _Fusion("conv", u, "QLinearConv", QUANT_DOMAIN, ins, [G.nodes[u.qs[0]].output[0]], _attrs(G.nodes[i]))
 
 
 def _rule_matmul(G: _QdqIndex, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
@@ -329,7 +333,7 @@ def _rule_matmul(G: _QdqIndex, i: int, zps: dict[str, int], int8_allowed: bool) 
     if G.q_elem(G.nodes[u.qs[0]]) != dt_a:
         raise Decline("input and output types differ")
     ins = _dq_args(G, u.dqs[0], zps) + _dq_args(G, u.dqs[1], zps) + _q_args(G, u.qs[0], zps)
-    return _Fusion("matmul", u, "QLinearMatMul", "", ins, [G.nodes[u.qs[0]].output[0]], _attrs(G.nodes[i]))
+    return _Fusion("matmul", u, "QLinearMatMul", QUANT_DOMAIN, ins, [G.nodes[u.qs[0]].output[0]], _attrs(G.nodes[i]))
 
 
 def _rule_binary(G: _QdqIndex, i: int, zps: dict[str, int], int8_allowed: bool) -> _Fusion:
@@ -454,7 +458,7 @@ def fuse_qdq(model: onnx.ModelProto, *, elem_of: Callable[[str], int] | None = N
         try:
             f = rule(G, i, local, int8_allowed)
             if supported is not None:
-                version = ms_version if f.domain == MS_DOMAIN else G.opset
+                version = ms_version if f.domain == MS_DOMAIN else 1 if f.domain == QUANT_DOMAIN else G.opset
                 candidate = helper.make_node(f.op_type, f.inputs, f.outputs, domain=f.domain)
                 candidate.attribute.extend(f.attributes)
                 why = supported(candidate, f.domain, version)
@@ -507,8 +511,9 @@ def _rewrite(model: onnx.ModelProto, G: _QdqIndex, fusions: list[_Fusion], zps: 
         if name not in have:
             out.graph.initializer.append(numpy_helper.from_array(
                 np.zeros((), dtype=helper.tensor_dtype_to_np_dtype(code)), name))
-    if any(f.domain == MS_DOMAIN for f in fusions) and not any(o.domain == MS_DOMAIN for o in out.opset_import):
-        out.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+    for domain in (MS_DOMAIN, QUANT_DOMAIN):
+        if any(f.domain == domain for f in fusions) and not any(o.domain == domain for o in out.opset_import):
+            out.opset_import.append(helper.make_opsetid(domain, 1))
     used = {x for n in out.graph.node for x in n.input} | {x for n in out.graph.node for x in subgraph_reads(n)}
     used |= {o.name for o in out.graph.output} | {x for u in result.units for x in u.reads()}
     kept = [t for t in out.graph.initializer if t.name in used or t.name in {i.name for i in out.graph.input}]

@@ -11,12 +11,16 @@ DynamicQuantizeConv         x (float), w (int8/uint8), w_scale, w_zero_point?, b
                             ConvInteger's shape; Conv's attributes, ``activation``)
 ConvIntegerToFloat          x, w (int8/uint8), x_scale, w_scale, x_zero_point?, w_zero_point?, bias?
                             -> y (the scales' type, ConvInteger's shape; as above)
+QLinearConv / QLinearMatMul ai.onnx's inputs, attributes and rule (QLinearConv-10, QLinearMatMul-21), written
+                            by qdq_fusion.py for a fused QDQ unit (requantized as onnxruntime does)
 ==========================  =================================================================
 """
 
 from __future__ import annotations
 
 from onnx import TensorProto
+
+from onnx_quant.opsets import op_facts
 
 from . import shape_math
 from ..context import TensorInfo
@@ -26,6 +30,7 @@ from ._wm_common import (
 )
 from .com_microsoft import dynamic_quantize_matmul, matmul_integer_to_float
 from .nn import conv, conv_attrs, gemm, matmul
+from .qlinear import qlinear_conv, qlinear_matmul
 
 DOMAIN = "ai.onnx_quant"
 
@@ -56,6 +61,16 @@ register("FusedMatMul", 1, domain=DOMAIN)(matmul)
 register("FusedGemm", 1, domain=DOMAIN)(gemm)
 register("DynamicQuantizeMatMul", 1, domain=DOMAIN)(dynamic_quantize_matmul)
 register("MatMulIntegerToFloat", 1, domain=DOMAIN)(matmul_integer_to_float)
+
+
+@register("QLinearConv", 1, domain=DOMAIN)
+def fused_qlinear_conv(ctx, n) -> None:
+    qlinear_conv(ctx, n, op_facts("QLinearConv", 10))
+
+
+@register("QLinearMatMul", 1, domain=DOMAIN)
+def fused_qlinear_matmul(ctx, n) -> None:
+    qlinear_matmul(ctx, n, op_facts("QLinearMatMul", 21))
 
 
 def _conv_to_float(n, rule: str, x, w, elem: int) -> None:

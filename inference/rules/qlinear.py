@@ -8,6 +8,8 @@ schema problems under ``schema.*`` (see ``docs/validation.md``).
 
 from __future__ import annotations
 
+from onnx_quant.opsets import OpFacts
+
 from .. import dims
 from ..context import ShapesContext, TensorInfo
 from ..registry import NodeContext, register
@@ -81,8 +83,10 @@ def _check_per_channel(n: NodeContext, rule: str, t: TensorInfo | None, name: st
 
 
 @register("QLinearConv", *QLINEAR_CONV_VERSIONS)
-def qlinear_conv(ctx: ShapesContext, n: NodeContext) -> None:
-    facts = check_schema(n)
+def qlinear_conv(ctx: ShapesContext, n: NodeContext, facts: OpFacts | None = None) -> None:
+    """``facts``: the schema to check against (default: the node's own; the QDQ fusion's
+    ai.onnx_quant node is checked as ai.onnx's)."""
+    facts = check_schema(n, facts)
     x = n.input(0) or UNKNOWN
     w = n.input(3) or UNKNOWN
     y_zp = n.input(7)
@@ -158,8 +162,9 @@ def _matmul_shape(n: NodeContext, a: TensorInfo, b: TensorInfo):
 
 
 @register("QLinearMatMul", *QLINEAR_MATMUL_VERSIONS)
-def qlinear_matmul(ctx: ShapesContext, n: NodeContext) -> None:
-    facts = check_schema(n)
+def qlinear_matmul(ctx: ShapesContext, n: NodeContext, facts: OpFacts | None = None) -> None:
+    """``facts`` as :func:`qlinear_conv`'s."""
+    facts = check_schema(n, facts)
     a = n.input(0) or UNKNOWN
     b = n.input(3) or UNKNOWN
     y_zp = n.input(7)
