@@ -491,6 +491,17 @@ def test_gelu_within_bound_of_float64_and_onnxruntime(dev, approximate):
     assert np.all(np.abs(got - ort_run(model, {"x": GELU_X}).astype(np.float64)) <= 2.0**-21 * ax)
 
 
+def test_gelu_negative_tail_keeps_its_digits(best):
+    """Below x = -0.75 sqrt 2, 1 + erf(x / sqrt 2) cancels (an absolute error of 1.2e-7 on values
+    of 1e-6 and less, a fuzzer finding): the kernel takes erfc there, within 1e-4 of the value."""
+    x = np.linspace(-13, -1.07, 2001).astype(f32)
+    got = run_variants(best, unary_model("Gelu", x), {"x": x}).astype(np.float64)
+    exact = np.array([0.5 * v * math.erfc(-v / math.sqrt(2)) for v in x.astype(np.float64)])  # no cancellation
+    tiny = np.abs(exact) < 1e-37  # flushed to zero on the device, as float32 arithmetic may
+    assert np.all(np.abs(got - exact)[~tiny] <= 1e-4 * np.abs(exact)[~tiny])
+    assert np.all(np.abs(got[tiny]) <= 1e-37)
+
+
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_gelu_special_values_as_onnxruntime(best, approximate):
     """0, -0, +-inf (-inf gives NaN: -inf * (1 + t) with t = -1), NaN, +-3e38, bit for bit."""
