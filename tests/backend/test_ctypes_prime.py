@@ -3,11 +3,9 @@ each string gives (the same objects), and a string that is not a type primes not
 
 from __future__ import annotations
 
-import pytest
+from wgpu.backends.wgpu_native._ffi import ffi  # wgpu is a dependency: never skipped
 
 from onnx_quant.backend_wgpu import ctypes_prime
-
-ffi = pytest.importorskip("wgpu.backends.wgpu_native._ffi").ffi
 
 
 def test_primed_ctypes_are_cffis_own():
