@@ -4,6 +4,8 @@ and onnx.reference (layout 1, which onnxruntime does not run)."""
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 from onnx import TensorProto as TP, helper
@@ -16,8 +18,17 @@ from onnx_quant.node_cases import all_node_cases
 from support.oracles import onnxruntime_run
 
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
-#: float32 recurrences summed in another order than the oracle's: both are within this of float64
-RTOL, ATOL = 2e-5, 2e-6
+#: float32 recurrences summed in another order than the oracle's. A gate's pre-activation sums
+#: inputs + hidden products (|W|, |R| ~ 0.5, |x|, |h| ~ 1), each rounding within float32's epsilon of
+#: the running sum, so the two orders part by up to ~ (inputs + hidden) x 1.5e-7 absolute (measured
+#: over 30 seeds per form: 3.1e-6 at inputs + hidden = 79, where onnxruntime itself is 3.6e-6 from the
+#: float64 result and the GPU 2.6e-6).
+RTOL = 2e-5
+
+
+def atol(model) -> float:
+    w, r = (next(i for i in model.graph.input if i.name == n).type.tensor_type.shape.dim for n in "WR")
+    return 1.5e-7 * (w[2].dim_value + r[2].dim_value)
 
 
 def test_onnx_node_cases_pass_on_the_gpu(best):
@@ -34,7 +45,8 @@ def recurrent_model(op, *, seq=5, batch=3, inputs=7, hidden=6, direction="forwar
                     **attrs):
     dirs = 2 if direction == "bidirectional" else 1
     g = GATES[op]
-    rng = np.random.default_rng(hash((op, seq, batch, inputs, hidden, direction, layout)) % 2**32)
+    # a stable seed: str hashes change per process, and a verdict must not
+    rng = np.random.default_rng(zlib.crc32(repr((op, seq, batch, inputs, hidden, direction, layout)).encode()))
     x_shape = [batch, seq, inputs] if layout else [seq, batch, inputs]
     state = [batch, dirs, hidden] if layout else [dirs, batch, hidden]
     feeds = {"X": rng.standard_normal(x_shape).astype(np.float32),
@@ -106,7 +118,7 @@ def test_random_models_agree_with_onnxruntime(best, op, form):
     want = run_oracle(model, feeds, kw.get("layout", 0))
     assert len(got) == len(want)
     for g, w in zip(got, want):
-        np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(g, w, rtol=RTOL, atol=atol(model))
 
 
 @pytest.mark.parametrize("op, attrs", [
@@ -126,7 +138,7 @@ def test_cell_options_agree_with_onnxruntime(best, op, attrs):
     got = run_gpu(model, feeds, best)
     want = run_oracle(model, feeds, 0)
     for g, w in zip(got, want):
-        np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(g, w, rtol=RTOL, atol=atol(model))
 
 
 @pytest.mark.parametrize("op", sorted(GATES))
