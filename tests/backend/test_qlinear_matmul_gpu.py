@@ -216,11 +216,10 @@ def float64_window_cases(count_per: int = 40):
     return out
 
 
-def test_requantize_function_matches_float64(best):
-    """oq_requant_f64 == clip(rint(float64(acc) * m + zp)) on random, tie, near-tie,
-    float64-window and special operands (both output ranges)."""
-    run = _harness(best, "  outp[i] = bitcast<u32>(oq_requant_f64(bitcast<i32>(v.x), bitcast<f32>(v.y), "
-                         "bitcast<i32>(v.z), select(-128, 0, v.w == 1u), select(127, 255, v.w == 1u)));", 4)
+def requantize_cases():
+    """(words for the harness: acc, m, zp, unsigned; acc, m, zp; expected) of random, tie,
+    near-tie, float64-window and special operands (both output ranges), the expected value
+    clip(rint(float64(acc) * m + zp)) as numpy computes it."""
     rng = np.random.default_rng(7)
     n = 4000
     accs, ms = [], []
@@ -251,22 +250,54 @@ def test_requantize_function_matches_float64(best):
     zp = np.where(uns == 1, rng.integers(0, 256, acc.size), rng.integers(-128, 128, acc.size))
     words = np.stack([acc.astype(np.int32).view(np.uint32), mul.view(np.uint32), zp.astype(np.int32).view(np.uint32),
                       uns.astype(np.uint32)], 1)
-    got = run(words).view(np.int32)
     lo, hi = np.where(uns == 1, 0, -128), np.where(uns == 1, 255, 127)
     with np.errstate(all="ignore"):
         r = np.clip(np.rint(acc.astype(np.int32) * mul.astype(np.float64) + zp), lo, hi)
     expected = np.where(np.isnan(r), 0, r).astype(np.int32)
+    return words, (acc, mul, zp), expected
+
+
+REQUANT_ARGS = ("bitcast<i32>(v.x), bitcast<f32>(v.y), bitcast<i32>(v.z), select(-128, 0, v.w == 1u), "
+                "select(127, 255, v.w == 1u)")
+
+
+def test_requantize_function_matches_float64(best):
+    """oq_requant_f64 == clip(rint(float64(acc) * m + zp)) on random, tie, near-tie,
+    float64-window and special operands (both output ranges)."""
+    run = _harness(best, f"  outp[i] = bitcast<u32>(oq_requant_f64({REQUANT_ARGS}));", 4)
+    words, (acc, mul, zp), expected = requantize_cases()
+    got = run(words).view(np.int32)
     bad = np.nonzero(got != expected)[0]
     assert bad.size == 0, [(int(acc[i]), float(mul[i]), int(zp[i]), int(got[i]), int(expected[i])) for i in bad[:5]]
     # the float64-window cases really are ones where float64 and exact arithmetic disagree
     from fractions import Fraction
     differ = 0
-    for a_, m_ in win[:200]:
+    for a_, m_ in float64_window_cases()[:200]:
         v = Fraction(int(a_)) * Fraction(float(m_)) + 100
         fl = v.numerator // v.denominator
         exact = fl + (1 if (v - fl > Fraction(1, 2) or (v - fl == Fraction(1, 2) and fl % 2)) else 0)
         differ += int(np.rint(np.float64(a_) * np.float64(m_) + 100)) != exact
     assert differ > 0
+
+
+def test_fast_requantize_decides_only_what_float64_decides(best):
+    """oq_requant_fast (the epilogues' float32 path) answers exactly what oq_requant_f64 does
+    wherever it answers, and leaves every exact tie short of saturation, NaN, infinity and |acc| > 2^24 to it;
+    on random operands it decides all but a few."""
+    run = _harness(best, f"  outp[i] = bitcast<u32>(oq_requant_fast({REQUANT_ARGS}));", 4)
+    words, (acc, mul, zp), expected = requantize_cases()
+    got = run(words).view(np.int32)
+    undecided = got == np.iinfo(np.int32).min
+    bad = np.nonzero(~undecided & (got != expected))[0]
+    assert bad.size == 0, [(int(acc[i]), float(mul[i]), int(zp[i]), int(got[i]), int(expected[i])) for i in bad[:5]]
+    lo, hi = np.where(words[:, 3] == 1, 0, -128), np.where(words[:, 3] == 1, 255, 127)
+    with np.errstate(all="ignore"):
+        v = acc.astype(np.float64) * mul.astype(np.float64) + zp
+        tie = np.isfinite(v) & (v - np.floor(v) == 0.5) & (v > lo - 1) & (v < hi + 1)  # not saturated
+    must_defer = tie | ~np.isfinite(mul) | (np.abs(acc) > 2**24) | (mul == 0)
+    assert undecided[must_defer].all()
+    random_sums = slice(4000, 8000)  # requantize_cases' second set: random sums and multipliers
+    assert undecided[random_sums].mean() < 0.01, undecided[random_sums].mean()
 
 
 @pytest.mark.parametrize("scale_type", ["float32", "float16", "bfloat16"])
