@@ -8,7 +8,8 @@ of a NaN being the CPU's choice), on hypothesis' pairs (random bit patterns, spe
 subnormals, operands of close magnitude, exact ties of a sum and of a product, normal and
 subnormal) and on a dense deterministic sample of each kind; fmod's remainder loop at the widest
 exponent gap (the largest finite value by the smallest subnormal) in both elementwise variants.
-CumSum / CumProd take float64 through the same snippet (test_reductions_gpu.py).
+CumSum / CumProd and Einsum take float64 through the same snippet (test_reductions_gpu.py,
+test_einsum_gpu.py).
 """
 
 from __future__ import annotations
