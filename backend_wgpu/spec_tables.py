@@ -49,6 +49,7 @@ REGISTERS: dict[str, tuple[str, ...]] = {
     "u32": ("uint32",),
     "i64": ("int64",),
     "u64": ("uint64",),
+    "f64": ("float64",),
     "bool": ("bool",),
 }
 #: expression keys that match any operands: "*" (values in their registers), "raw" (every

@@ -29,10 +29,6 @@ _NARROW = "T allows only"
 DECLINED = {
     "test_equal_string": "element type string", "test_equal_string_broadcast": "element type string",
     "test_celu_bfloat16": _NARROW, "test_celu_bfloat16_expanded": "bfloat16",
-    # float64 has no device arithmetic (never narrowed to float32)
-    **{f"test_{op}_float64": "is float64" for op in ("max", "min")},
-    **{c: "is float64" for c in ("test_mod_mixed_sign_float64", "test_mod_float64_mixed_sign_fmod_0",
-                                 "test_mod_float_edge_cases_fmod_0_float64")},
     # integer bases with float exponents: onnxruntime's double pow has no exact f32 form here
     "test_pow_types_int64_float32": "'exprOk' is false", "test_pow_types_int32_float32": "'exprOk' is false",
 }

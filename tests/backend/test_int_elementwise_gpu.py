@@ -7,9 +7,10 @@ edge values (minimum, maximum, 0, -1, the 32-bit word boundaries of the 64-bit t
 with each other and with random values; with onnx.reference for Div, Mod and BitShift (their
 ONNX definitions: truncating division, x / 0 and x mod 0 give 0, shift counts out of range
 give the sign fill); with onnxruntime for integer Pow and where it defines the result. Also:
-n-ary Max / Min / Sum / Mean (1 to 8 inputs, broadcasting), Where over every type with a
-device layout, float Mod exact as C's fmod and numpy's mod, every variant giving the same bits,
-and what is declined (float64, more inputs than bindings) is declined by type or count.
+n-ary Max / Min / Sum / Mean (1 to 8 inputs, broadcasting; float64 too), Where over every type
+with a device layout, float Mod exact as C's fmod and numpy's mod (float64 too), every variant
+giving the same bits, and what is declined (an op without float64 arithmetic, more inputs than
+bindings) is declined by type or count.
 The exactness tests run on the default adapter and on the OpenGL one where present (naga
 translates the WGSL to GLSL there: integer division, remainders and shifts meet another
 compiler).
@@ -231,7 +232,7 @@ def test_integer_base_with_a_float_exponent_is_declined(best):
 # ----------------------------------------------------------------------------- float Mod
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
 def test_float_mod_is_exact_c_fmod_and_numpy_mod(dev, dtype):
     r = np.random.default_rng(7)
     special = np.array([0.0, -0.0, 1.0, -1.0, 3.0, -3.0, 0.5, 7.5, -7.5, 1e-3, np.inf, -np.inf, np.nan,
@@ -251,7 +252,8 @@ def test_float_mod_is_exact_c_fmod_and_numpy_mod(dev, dtype):
 # ----------------------------------------------------------------------------- n-ary, Where
 
 
-@pytest.mark.parametrize("dtype", INT_TYPES + [np.float32, np.float16], ids=IDS + ["float32", "float16"])
+@pytest.mark.parametrize("dtype", INT_TYPES + [np.float32, np.float16, np.float64],
+                         ids=IDS + ["float32", "float16", "float64"])
 def test_nary_max_min_fold_left_to_right_with_broadcasting(dev, dtype):
     shapes = [(3, 1, 4), (4,), (2, 1), (1, 1, 1), (3, 2, 4), (1,), (2, 4), ()]
     r = np.random.default_rng(2)
@@ -344,9 +346,10 @@ def test_empty_64_bit_tensors(best):
 def test_float64_is_declined_by_type_never_narrowed(best):
     from onnx_quant.errors import ExecutionError
 
+    # Div has no float64 arithmetic (Add, Sub, Mul, Mod, Max, Min do: test_float64_gpu.py)
     x = np.array([1.0, 2.0], np.float64)
     with pytest.raises(ExecutionError, match=r"'a' is float64, T allows only"):
-        _run("Add", {"a": x, "b": x}, np.float64, best)
+        _run("Div", {"a": x, "b": x}, np.float64, best)
 
 
 def test_relu_and_prelu_of_wide_integers(dev):

@@ -108,7 +108,7 @@ def test_until_ends_an_entry(tmp_path):
     ({"types": {"T": ["float64"], "T1": ["bool"]}}, "ops.Abs.types", "expected the element types of ['T']"),
     ({"types": {"T": ["bool"]}}, "ops.Abs.types.T", "Abs-6 allows none of ['bool']"),
     ({"attributes": {"alpha": 1.0}}, "ops.Abs.attributes.alpha", "Abs-6 has no attribute 'alpha'"),
-    ({"expr": {"f64": "a"}}, "ops.Abs.expr.f64", "a WGSL expression"),
+    ({"expr": {"f128": "a"}}, "ops.Abs.expr.f128", "a WGSL expression"),
 ])
 def test_table_errors_name_the_file_and_the_entry(tmp_path, change, field, reason):
     path = _copy_family(tmp_path, _table(**change))
