@@ -170,7 +170,8 @@ def cmd_explain(args) -> int:
         print(json.dumps(explaining.json_entries(rows), indent=2))
         return 0
     print(f"device: {session.device.info.name}")
-    for line in explaining.text_lines(rows, orphans, model, diagnostics, binding, graph_inputs(model)):
+    expanded = session.function_expansion.expanded if session.function_expansion else ()
+    for line in explaining.text_lines(rows, orphans, model, diagnostics, binding, graph_inputs(model), expanded):
         print(line)
     return 0
 

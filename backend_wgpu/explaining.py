@@ -173,8 +173,9 @@ def _count(items: Sequence[str]) -> str:
     return ", ".join(f"{n} {s.replace('_', ' ')}" for s, n in counts.items())
 
 
-def summary_lines(rows: Sequence[Row], orphans: Sequence[str], n_user: int) -> list[str]:
-    """How the user's nodes became the entries below, and where the entries run."""
+def summary_lines(rows: Sequence[Row], orphans: Sequence[str], n_user: int, expanded: Sequence[Any] = ()) -> list[str]:
+    """How the user's nodes became the entries below (``expanded``: function_expansion's Expanded
+    records), and where the entries run."""
     many = [r for r in rows if len(r.members) > 1]
     folded = sum(len(r.folded) for r in rows)
     fused = [r for r in many if r.entry.get("fused")]
@@ -184,6 +185,11 @@ def summary_lines(rows: Sequence[Row], orphans: Sequence[str], n_user: int) -> l
     if fused:
         n = sum(len(r.members) - len(r.folded) for r in fused)
         parts.append(f"{len(fused)} fused node{'s stand' if len(fused) > 1 else ' stands'} for {n}")
+    if expanded:
+        one = len(expanded) == 1
+        parts.append(f"{len(expanded)} expanded into the {sum(e.body_nodes for e in expanded)} nodes of "
+                     f"{'its ONNX function body' if one else 'their ONNX function bodies'}: "
+                     f"{', '.join(f'{e.node} ({e.op_type})' for e in expanded)}")
     if orphans:
         parts.append(f"removed by the rewrites: {', '.join(orphans)}")
     line = f"nodes: {n_user} as written -> {len(rows)} below"
@@ -217,11 +223,11 @@ def not_planned_line(rows: Sequence[Row], diagnostics: Sequence[Any], binding: A
 
 
 def text_lines(rows: Sequence[Row], orphans: Sequence[str], user_model: onnx.ModelProto,
-               diagnostics: Sequence[Any], binding: Any, inputs: Sequence[Any]) -> list[str]:
+               diagnostics: Sequence[Any], binding: Any, inputs: Sequence[Any], expanded: Sequence[Any] = ()) -> list[str]:
     """The listing below the device line: the dims and input shapes planned at, the accounting of
     the user's nodes, what cannot be planned at these shapes, then every entry."""
     lines = [binding.dims_text()] + [f"input {k}: {list(v)}" for k, v in binding.shapes.items()]
-    lines += summary_lines(rows, orphans, len(user_model.graph.node))
+    lines += summary_lines(rows, orphans, len(user_model.graph.node), expanded)
     lines.append(not_planned_line(rows, diagnostics, binding, inputs))
     for row in rows:
         lines += entry_lines(row)

@@ -3,13 +3,15 @@
 Run once per Session, before placement, as passes (passes.py: requires -> call -> ``PassResult`` ->
 ensures), in this order, each on the previous one's model and static values:
 
-1. BatchNormalization folded into the Conv before it (bn_folding.FoldBatchNorm), as onnxruntime
+1. nodes whose op has no kernel but an ONNX function body, replaced by the body
+   (function_expansion.ExpandFunctions), so that the phases below and the placement see its ops;
+2. BatchNormalization folded into the Conv before it (bn_folding.FoldBatchNorm), as onnxruntime
    does from ``ORT_ENABLE_BASIC`` on;
-2. QDQ node units onto the QLinear kernels (qdq_fusion.QdqFusion);
-3. dynamic-quantization units onto one fused node each (dynamic_fusion.DynamicFusion) -- before
+3. QDQ node units onto the QLinear kernels (qdq_fusion.QdqFusion);
+4. dynamic-quantization units onto one fused node each (dynamic_fusion.DynamicFusion) -- before
    the elementwise groups, which would otherwise take their float tails;
-4. float32 elementwise groups onto one generated kernel each (elementwise_fusion.ElementwiseFusion);
-5. NonZero's data-dependent split (data_dependent.SplitDataDependent): the padded GPU form, the
+5. float32 elementwise groups onto one generated kernel each (elementwise_fusion.ElementwiseFusion);
+6. NonZero's data-dependent split (data_dependent.SplitDataDependent): the padded GPU form, the
    nodes reading it moved into a region run per count.
 
 A phase asks the kernel registry only whether a kernel spec takes a node it would write
@@ -30,14 +32,17 @@ from .bn_folding import FoldBatchNorm
 from .data_dependent import SplitDataDependent
 from .dynamic_fusion import DynamicFusion
 from .elementwise_fusion import ElementwiseFusion
+from .function_expansion import ExpandFunctions
 from .passes import PassResult, RewritePass
 from .qdq_fusion import QdqFusion
 
 
 @dataclass(frozen=True)
 class RewriteOptions:
-    """Which phases run (the Session's keyword arguments of the same names)."""
+    """Which phases run (the Session's keyword arguments of the same names; function expansion
+    always runs in a Session: it only touches nodes that would otherwise run on the host)."""
 
+    expand_functions: bool = True
     fold_batch_norm: bool = True
     fuse_qdq: bool = True
     fuse_dynamic: bool = True
@@ -50,6 +55,8 @@ class Rewritten:
 
     model: onnx.ModelProto
     static_values: dict[str, Any]
+    #: the nodes replaced by their ONNX function bodies (function_expansion.ExpansionReport)
+    expansion: Any = None
     #: the Conv -> BatchNormalization pairs folded into one Conv
     folded_batch_norms: list = field(default_factory=list)
     #: each fusion phase's result (``units``: what it replaced; its ``model`` when it ran)
@@ -65,7 +72,8 @@ class Rewritten:
 
 def rewrite_passes(specs: Any, options: RewriteOptions = RewriteOptions()) -> list[RewritePass]:
     """The construction phases in their order (a phase turned off passes its model through)."""
-    return [FoldBatchNorm(options.fold_batch_norm), QdqFusion(specs, options.fuse_qdq),
+    return [ExpandFunctions(specs, options.expand_functions), FoldBatchNorm(options.fold_batch_norm),
+            QdqFusion(specs, options.fuse_qdq),
             DynamicFusion(specs, options.fuse_dynamic), ElementwiseFusion(specs, options.fuse_elementwise),
             SplitDataDependent(specs)]
 
@@ -90,6 +98,7 @@ def rewrite_model(model: onnx.ModelProto, values: dict[str, Any], specs: Any,
     with kernel registry ``specs``; the model is not modified (each phase writes a new one)."""
     final, final_values, results = run_passes(rewrite_passes(specs, options), model, values)
     out = Rewritten(final, final_values)
+    out.expansion = results["expand_functions"].report
     out.folded_batch_norms = results["fold_batch_norm"].report.folded
     out.fusion = results["fuse_qdq"].report
     out.dynamic_fusion = results["fuse_dynamic"].report

@@ -206,12 +206,14 @@ class Session:
         self._static_values = static_values(self.model)  # structural faults are refused here, first
         self.cold_start.phase("load")
         self._specs = self._registry(specs)
-        # the construction phases (rewrites.py): BatchNormalization folding, the QDQ, dynamic and
-        # elementwise fusions, NonZero's data-dependent split
+        # the construction phases (rewrites.py): function bodies for ops without a kernel,
+        # BatchNormalization folding, the QDQ, dynamic and elementwise fusions, NonZero's split
         rewritten = rewrite_model(self.model, self._static_values, self._specs, RewriteOptions(
             fold_batch_norm=fold_batch_norm, fuse_qdq=fuse_qdq, fuse_dynamic=fuse_dynamic,
             fuse_elementwise=fuse_elementwise))
         self.model, self._static_values = rewritten.model, rewritten.static_values
+        #: nodes without a kernel replaced by their ONNX function bodies (function_expansion.py)
+        self.function_expansion = rewritten.expansion
         #: the Conv -> BatchNormalization pairs folded into one Conv (bn_folding.py)
         self.folded_batch_norms = rewritten.folded_batch_norms
         #: the QDQ node units replaced by QLinear kernels (qdq_fusion.py), empty with fuse_qdq=False

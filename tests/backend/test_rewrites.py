@@ -18,7 +18,7 @@ from onnx_quant.backend_wgpu.session import _specs
 
 from support.models import conv_bn_model
 
-OFF = RewriteOptions(fold_batch_norm=False, fuse_qdq=False, fuse_dynamic=False, fuse_elementwise=False)
+OFF = RewriteOptions(expand_functions=False, fold_batch_norm=False, fuse_qdq=False, fuse_dynamic=False, fuse_elementwise=False)
 
 
 def _zoo(family, fmt):
