@@ -18,6 +18,7 @@ from onnx import TensorProto, helper
 
 from support.gpu import (assert_first_run_alone_compiles, assert_node_cases_pass_or_declined, gpu_examples,
                          runs_from_a_cold_cache)
+from support.conv_cases import opset_type_window
 from support.models import make_model, vi
 from support.oracles import assert_same_bits, ort_run, ref_run
 
@@ -60,14 +61,12 @@ def _values(rng, dtype: str, shape, specials: bool):
 
 @st.composite
 def pools(draw):
-    opset = draw(st.sampled_from(sorted(OPSETS)))
-    dtype = draw(st.sampled_from(OPSETS[opset]))
-    rank = draw(st.integers(1, 3))
+    opset, dtype, kernel, strides = draw(opset_type_window(OPSETS, 4))
+    rank = len(kernel)
     sizes = [draw(st.integers(1, 7)) for _ in range(rank)]
-    kernel = [draw(st.integers(1, 4)) for _ in range(rank)]
     attrs = {"kernel_shape": kernel, "storage_order": draw(st.integers(0, 1))}
-    if draw(st.booleans()):
-        attrs["strides"] = [draw(st.integers(1, 3)) for _ in range(rank)]
+    if strides:
+        attrs["strides"] = strides
     dil = [1] * rank
     if opset >= 10 and draw(st.booleans()):
         dil = attrs["dilations"] = [draw(st.integers(1, 3)) for _ in range(rank)]
