@@ -137,7 +137,7 @@ def classify_node(index: int, node: onnx.NodeProto, opsets: Mapping[str, int], f
         return NodeInfo(index, label, node, domain, version, None, "const", "a constant", implicit)
     if dd.is_region(domain, node.op_type):
         return NodeInfo(index, label, node, domain, version, None, "sync", dd.SYNC_WHY, implicit,
-                        tuple(n for n in node.input if n.endswith(dd.COUNT_SUFFIX)))
+                        tuple(dict.fromkeys(n for n in node.input if n.endswith(dd.COUNT_SUFFIX))))
     if is_control(domain, node.op_type, version):
         return NodeInfo(index, label, node, domain, version, None, "control", CONTROL_WHY, implicit)
     if domain in DEFAULT_DOMAINS and node.op_type in VIEW_OPS:
@@ -146,7 +146,7 @@ def classify_node(index: int, node: onnx.NodeProto, opsets: Mapping[str, int], f
             return NodeInfo(index, label, node, domain, version, None if reason else spec, "view", reason, implicit)
         if reason:
             reason = f"{why}; {reason}"
-    if domain in DEFAULT_DOMAINS and node.op_type in dd.COUNT_AXIS and node.output and \
+    if domain in DEFAULT_DOMAINS and node.op_type in dd.COUNTED_OPS and node.output and \
             node.output[0] in facts.nonzero_declined:
         reason = facts.nonzero_declined[node.output[0]]  # not the padded form's missing count output
     if reason:

@@ -15,7 +15,7 @@ from ..context import TensorInfo
 from ..dims import DimLike
 from ..registry import register
 from ._wm_common import (
-    FLOAT, INT64, check_same_type, merge_dim, need, norm_axis, shape_problem, shape_text,
+    FLOAT, INT64, check_same_type, entries, merge_dim, need, norm_axis, rank_only, shape_problem, shape_text,
 )
 
 
@@ -259,6 +259,41 @@ def max_pool(ctx, n) -> None:
     n.set_output(0, TensorInfo(x.elem_type, shape))
     if n.version >= 8 and n.output_name(1):
         n.set_output(1, TensorInfo(INT64, shape))
+
+
+@register("MaxUnpool", 9, 11, 22)
+def max_unpool(ctx, n) -> None:
+    """output_shape's values where given (known), else per spatial axis (in - 1) * stride -
+    pad_begin - pad_end + kernel (onnx's own inference leaves a given output_shape's dims unknown)."""
+    x, _ = need(n, "MaxUnpool", "X", "I")
+    if n.has_input(2):
+        target = entries(n.input(2))
+        k = rank_only(n.input(2)) if target is None else len(target)
+        if target is None:
+            n.set_output(0, TensorInfo(x.elem_type, None if k is None else tuple(n.fresh_dim(0, a) for a in range(k))))
+            return
+        if any(isinstance(d, int) and d < 0 for d in target):
+            n.fail("MaxUnpool", "output_shape entries must not be negative", subject="input output_shape",
+                   expected=">= 0 each", found=list(target))
+        n.set_output(0, TensorInfo(x.elem_type, tuple(n.fresh_dim(0, a) if d is None else d for a, d in enumerate(target))))
+        return
+    kernel = _ints(n.attr("kernel_shape"))
+    if kernel is None:
+        n.fail("MaxUnpool", "attribute kernel_shape is required", subject="attribute kernel_shape",
+               expected="one size per spatial axis", found="none")
+    if x.shape is None:
+        n.set_output(0, TensorInfo(x.elem_type, None))
+        return
+    count = len(x.shape) - 2
+    strides = _ints(n.attr("strides")) or [1] * count
+    pads = _ints(n.attr("pads")) or [0] * (2 * count)
+    if count < 1 or len(kernel) != count or len(strides) != count or len(pads) != 2 * count:
+        n.fail("MaxUnpool", "kernel_shape, strides and pads need one entry per spatial axis (pads two)",
+               subject="attributes", expected=f"rank >= 3 input and {max(count, 1)} spatial axes",
+               found=f"X {shape_text(x.shape)}, kernel_shape {kernel}, strides {strides}, pads {pads}")
+    spatial = [None if size is None else dims.add(dims.mul(size, strides[d]), kernel[d] - strides[d] - pads[d] - pads[d + count])
+               for d, size in enumerate(x.shape[2:])]
+    n.set_output(0, TensorInfo(x.elem_type, (x.shape[0], x.shape[1], *spatial)))
 
 
 @register("AveragePool", 1, 7, 10, 11, 19, 22)

@@ -13,6 +13,7 @@ from onnx import TensorProto, helper
 
 from onnx_quant.backend_wgpu.commands import dql_model, numpy_dynamic_quantize_linear
 from onnx_quant.cli import main
+from support.models import NO_KERNEL_OPSET, no_kernel_node
 
 
 @pytest.fixture
@@ -214,9 +215,10 @@ def test_explain_says_what_nodes_without_a_kernel_are(gpu, capsys, tmp_path):
              helper.make_node("Size", ["r"], ["n"], name="size"),
              helper.make_node("Cast", ["n"], ["nf"], name="cast", to=TensorProto.FLOAT),
              helper.make_node("Add", ["v", "nf"], ["a"], name="add"),
-             helper.make_node("Unique", ["a"], ["y"], name="unique"),
+             no_kernel_node("a", "y", name="host_node"),
              helper.make_node("Neg", ["x"], ["dead"], name="unused_neg")]
-    m = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+    m = helper.make_model(helper.make_graph(nodes, "g", [x], [y]),
+                          opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(*NO_KERNEL_OPSET)])
     onnx.save(m, tmp_path / "m.onnx")
     code, out, err = run_cli(capsys, "explain", tmp_path / "m.onnx")
     assert code == 0 and err == "", err
@@ -225,7 +227,8 @@ def test_explain_says_what_nodes_without_a_kernel_are(gpu, capsys, tmp_path):
     assert "size (Size): constant-folded: no kernel" in out
     assert "view (Reshape): view: no kernel" in out
     assert "unused_neg (Neg): unused: no graph output depends on it" in out
-    assert "unique (Unique): host at these input shapes" in out and "no GPU kernel for Unique" in out
+    op = nodes[6].op_type
+    assert f"host_node ({op}): host (onnx.reference)" in out and f"no GPU kernel for {NO_KERNEL_OPSET[0]}::{op}" in out
     assert "kernel unused" not in out and "variant view" not in out and "kernel host" not in out
     code, _, err = run_cli(capsys, "run", tmp_path / "m.onnx", "--random")
     # run reports its warnings in one line each, never Python's two-line form

@@ -35,7 +35,7 @@ from onnx_quant.errors import ExecutionError, QuantError
 from onnx_quant.reference_ops import fma_f32
 from support.arrays import data, rng
 from support.models import node_model
-from support.oracles import assert_same_bits, ort_run, ref_run
+from support.oracles import assert_same_bits, assert_within_sum_bound, ort_run, ref_run
 from support.run import RAN, module_fully_selected, node_spec, registry, run_all_variants, run_node
 
 EPS = 2.0 ** -24
@@ -338,14 +338,6 @@ def test_concat_with_more_inputs_than_the_kernel_binds(best):
 
 
 # ----------------------------------------------------------------------------- MatMul / Gemm / Conv
-
-def assert_within_sum_bound(got, exact, magnitude, n_terms, what):
-    """|got - exact| <= (n + 2) 2^-24 * sum |terms| (+ the smallest subnormal)."""
-    bound = (n_terms + 2) * EPS * magnitude + 1e-45
-    err = np.abs(got.astype(np.float64) - exact)
-    assert got.shape == exact.shape, (what, got.shape, exact.shape)
-    assert np.all(err <= bound), f"{what}: max error {err.max()} exceeds the bound (worst ratio {(err / bound).max()})"
-
 
 @pytest.mark.parametrize("sa,sb", [((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((4,), (4, 5)), ((3, 4), (4,)),
                                    ((4,), (4,)), ((2, 1, 3, 4), (3, 4, 2)), ((1, 17, 33), (33, 19)),

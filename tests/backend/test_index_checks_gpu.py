@@ -1,7 +1,7 @@
 """Device-side checks of runtime indices (backend_wgpu/index_check.py, docs/backend.md "Index
 checks"): every kernel that reads through a runtime index raises IndexRangeError naming the
 node, the input and the offending index for one outside the range ONNX allows (Gather,
-GatherElements, GatherND, ScatterElements, Scatter, ScatterND, RotaryEmbedding's position ids,
+GatherElements, GatherND, ScatterElements, Scatter, ScatterND, MaxUnpool, RotaryEmbedding's position ids,
 NegativeLogLikelihoodLoss / SoftmaxCrossEntropyLoss labels; a DQ -> Gather -> Q unit; the
 consumers of a NonZero in its child session; the host's own runs), through the API and the CLI
 (one line, exit 2); in-range negative indices still match onnx.reference bit for bit; OneHot's
@@ -71,6 +71,9 @@ def cases():
     cache = np.linspace(-1, 1, 6, dtype=np.float32).reshape(3, 2)
     yield ("RotaryEmbedding", rot, {"x": np.ones((1, 2, 4), np.float32), "c": cache, "s": cache,
                                     "p": np.array([[1, 3]], np.int64)}, "rope", "p", 3, 3)
+    mu = model([h.make_node("MaxUnpool", ["x", "i"], ["y"], name="mu", kernel_shape=[2], strides=[2])],
+               [("x", F, [1, 1, 2]), ("i", I64, [1, 1, 2])], [("y", F)], opset=22)
+    yield ("MaxUnpool", mu, {"x": np.float32([[[1, 2]]]), "i": np.array([[[1, 4]]], np.int64)}, "mu", "i", 4, 4)
     for op in ("NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss"):
         loss = model([h.make_node(op, ["x", "t"], ["y"], name="loss", reduction="mean")],
                      [("x", F, [3, 4]), ("t", I64, [3])], [("y", F)])

@@ -18,6 +18,7 @@ from onnx_quant import model_zoo
 from onnx_quant.backend_wgpu.inference_session import DISABLE_CPU_FALLBACK, resolve_providers
 from onnx_quant.errors import DeviceError, ExecutionError
 from onnx_quant.oracles import widen_u8s8
+from support.models import NO_KERNEL_OPSET, no_kernel_expected, no_kernel_node
 
 BINDINGS = {"N": 2, "H": 8, "W": 8}
 
@@ -112,11 +113,11 @@ def test_provider_list_semantics(gpu):
 
 
 def _host_only_model() -> onnx.ModelProto:
-    """An op no kernel takes (com.microsoft-free, ai.onnx): runs only through the host."""
+    """An op no kernel takes (support.models.no_kernel_node): runs only through the host."""
     x = helper.make_tensor_value_info("x", TP.FLOAT, [4])
     y = helper.make_tensor_value_info("y", TP.FLOAT, [4])
-    g = helper.make_graph([helper.make_node("Unique", ["x"], ["y"])], "g", [x], [y])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    g = helper.make_graph([no_kernel_node("x", "y")], "g", [x], [y])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid(*NO_KERNEL_OPSET)])
 
 
 @pytest.mark.gpu
@@ -129,7 +130,7 @@ def test_disable_cpu_fallback_is_honoured():
     with pytest.warns(onnx_quant.errors.HostFallbackWarning):
         sess = onnx_quant.InferenceSession(m, providers=["vulkan"])
     x = np.array([1, 3, -2, 0], np.float32)
-    assert np.array_equal(sess.run(None, {"x": x})[0], np.unique(x))  # four distinct values, sorted
+    assert np.array_equal(sess.run(None, {"x": x})[0], no_kernel_expected(x))
 
 
 # --------------------------------------------------------------------------- device-resident values

@@ -17,6 +17,7 @@ from onnx.backend.base import Backend
 
 from onnx_quant import backend_wgpu
 from onnx_quant.errors import ExecutionError, HostFallbackWarning
+from support.models import NO_KERNEL_OPSET, no_kernel_expected, no_kernel_node
 
 
 def _gpu_reason() -> str | None:
@@ -68,17 +69,17 @@ def test_prepare_and_run_in_graph_order(gpu):
 
 
 def test_prepare_passes_session_options(gpu):
-    m = helper.make_model(helper.make_graph([helper.make_node("Unique", ["x"], ["y"], name="s")], "g",
+    m = helper.make_model(helper.make_graph([no_kernel_node("x", "y", name="s")], "g",
                                             [helper.make_tensor_value_info("x", TP.FLOAT, [3])],
                                             [helper.make_tensor_value_info("y", TP.FLOAT, [3])]),
-                          opset_imports=[helper.make_opsetid("", 17)])
+                          opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(*NO_KERNEL_OPSET)])
     with pytest.raises(ExecutionError, match="allow_host_fallback"):
         backend_wgpu.backend.prepare(m, "GPU", allow_host_fallback=False)
     with pytest.warns(HostFallbackWarning):
         rep = backend_wgpu.backend.prepare(m, "GPU", rtol=1e-3)  # harness options are ignored
     x = np.array([-1, 0, 3], np.float32)
     (y,) = rep.run([x])
-    assert np.array_equal(y, np.unique(x))  # Unique (no kernel): three distinct values, sorted
+    assert np.array_equal(y, no_kernel_expected(x))  # on the host: no kernel
     bad = helper.make_model(helper.make_graph([helper.make_node("Unique", ["x"], ["y"])], "g", [], []),
                             opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(ExecutionError, match="onnx.checker"):

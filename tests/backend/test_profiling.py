@@ -17,6 +17,7 @@ import onnx_quant
 from onnx_quant.backend_wgpu.profiling import NodeEvent, Profiler
 from onnx_quant.backend_wgpu.session import Session
 from onnx_quant.errors import ExecutionError
+from support.models import NO_KERNEL_OPSET, no_kernel_node
 
 RUNS = 3
 
@@ -113,15 +114,15 @@ def test_host_fallback_nodes_are_host_timed():
     x = helper.make_tensor_value_info("x", TP.FLOAT, [4])
     y = helper.make_tensor_value_info("y", TP.FLOAT, None)
     g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"], name="relu"),
-                           helper.make_node("Unique", ["r"], ["y"], name="unique")], "g", [x], [y])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+                           no_kernel_node("r", "y", name="host_node")], "g", [x], [y])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid(*NO_KERNEL_OPSET)])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         s = Session(m, profile=True)
     s.run(None, {"x": np.array([1, -2, 3, 0], np.float32)})
     clocks = {e.node: e.clock for e in s.profiler.events}
-    assert clocks["unique"] == "host" and clocks["relu"] == "device"
-    assert [e["tid"] for e in s.profiler.trace() if e["name"] == "unique"] == [1]
+    assert clocks["host_node"] == "host" and clocks["relu"] == "device"
+    assert [e["tid"] for e in s.profiler.trace() if e["name"] == "host_node"] == [1]
 
 
 def _deviceless_profiler(clock: str | None = None) -> Profiler:

@@ -347,6 +347,28 @@ def test_maxpool_indices_are_int64():
     assert got["i"].elem_type == T.INT64 and got["i"].shape == got["y"].shape
 
 
+@pytest.mark.parametrize("opset", [9, 11, 22])
+@pytest.mark.parametrize("attrs", [dict(kernel_shape=[2, 2], strides=[2, 2]),
+                                   dict(kernel_shape=[3, 2], strides=[2, 1], pads=[1, 0, 0, 1]),
+                                   dict(kernel_shape=[3, 3])])
+def test_max_unpool_evaluates_like_onnx(opset, attrs):
+    """(in - 1) * stride - pads + kernel per spatial axis, symbolic where the input is."""
+    m = model([helper.make_node("MaxUnpool", ["x", "i"], ["y"], **attrs)],
+              [vi("x", T.FLOAT, ["N", 3, "H", "W"]), vi("i", T.INT64, ["N", 3, "H", "W"])], opset=opset)
+    mine = assert_evaluates_like_onnx(m, [{"N": 1, "H": 4, "W": 5}, {"N": 2, "H": 7, "W": 3}])
+    assert all(d is not None for d in mine.shape)
+
+
+def test_max_unpool_takes_output_shape_values_onnx_leaves_unknown():
+    m = model([helper.make_node("MaxUnpool", ["x", "i", "s"], ["y"], kernel_shape=[2, 2], strides=[2, 2])],
+              [vi("x", T.FLOAT, [1, 3, 2, 2]), vi("i", T.INT64, [1, 3, 2, 2])], inits=[ints("s", [1, 3, 5, 5])])
+    assert ours(m)["y"] == TensorInfo(T.FLOAT, (1, 3, 5, 5))
+    assert theirs(m)["y"].shape is None  # onnx 1.23: no shape, even for an initializer
+    unknown = model([helper.make_node("MaxUnpool", ["x", "i", "s"], ["y"], kernel_shape=[2, 2], strides=[2, 2])],
+                    [vi("x", T.FLOAT, [1, 3, 2, 2]), vi("i", T.INT64, [1, 3, 2, 2]), vi("s", T.INT64, [4])])
+    assert len(ours(unknown)["y"].shape) == 4  # the rank from output_shape's length, the dims fresh
+
+
 # ---------------------------------------------------------------- Slice
 _BIG = 2**63 - 1
 

@@ -1,5 +1,6 @@
-"""Hypothesis strategies for convolution geometries, shared by the integer convolutions'
-tests (test_qlinear_conv_gpu) and the float Conv's (test_conv_gemm_gpu)."""
+"""Hypothesis strategies for convolution and pool geometries, shared by the integer convolutions'
+tests (test_qlinear_conv_gpu), the float Conv's (test_conv_gemm_gpu) and the pool family's
+(test_max_pool_indices_gpu, test_max_unpool_gpu)."""
 
 from __future__ import annotations
 
@@ -77,3 +78,15 @@ def conv_geometries(draw, max_in=None):
     if draw(st.booleans()):
         attrs["kernel_shape"] = k
     return ConvGeometry(n, group, cg, mg, tuple(k), tuple(ins), attrs, nsp)
+
+
+@st.composite
+def opset_type_window(draw, opsets: dict, max_kernel: int):
+    """The pool family's draw (MaxPool with Indices, MaxUnpool): an opset of ``opsets`` (version ->
+    the element types the kernel takes there), one of its types and a kernel_shape of 1-3 spatial
+    axes; with it, sometimes, strides of 1-3 per axis (None: left to the default)."""
+    opset = draw(st.sampled_from(sorted(opsets)))
+    dtype = draw(st.sampled_from(opsets[opset]))
+    kernel = [draw(st.integers(1, max_kernel)) for _ in range(draw(st.integers(1, 3)))]
+    strides = [draw(st.integers(1, 3)) for _ in kernel] if draw(st.booleans()) else None
+    return opset, dtype, kernel, strides

@@ -199,3 +199,21 @@ def conv_bn_model(*, relu: bool = False) -> onnx.ModelProto:
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
+
+
+# ----------------------------------------------------------------------------- an op no kernel covers
+
+#: the opset import (domain, version) a model holding :func:`no_kernel_node` needs beside ai.onnx's
+NO_KERNEL_OPSET = ("ai.onnx.ml", 1)
+
+
+def no_kernel_node(x: str, y: str, name: str | None = None) -> onnx.NodeProto:
+    """A node of an operator no kernel spec covers, for the tests of host fallback: ai.onnx.ml's
+    Binarizer (threshold 0: 1.0 where x > 0, else 0.0; :func:`no_kernel_expected`). Its model imports
+    :data:`NO_KERNEL_OPSET` too. (These tests ran Unique until Unique got a kernel.)"""
+    return helper.make_node("Binarizer", [x], [y], name=name, domain=NO_KERNEL_OPSET[0])
+
+
+def no_kernel_expected(x: np.ndarray) -> np.ndarray:
+    """What :func:`no_kernel_node` computes of ``x``."""
+    return (x > 0).astype(x.dtype)

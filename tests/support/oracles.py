@@ -99,6 +99,16 @@ def assert_same_bits(got, expected, what=""):
                              f"{expected.reshape(-1)[:8]}")
 
 
+def assert_within_sum_bound(got, exact, magnitude, n_terms, what="", slack: float = 1.0) -> None:
+    """|got - exact| <= slack (n + 2) 2^-24 sum |terms| (+ the smallest subnormal): a float32 sum of
+    ``n_terms`` rounded terms in any order against ``exact`` (float64), ``magnitude`` the sum of the
+    terms' magnitudes."""
+    bound = slack * (n_terms + 2) * 2.0 ** -24 * np.asarray(magnitude, np.float64) + 1e-45
+    err = np.abs(np.asarray(got).astype(np.float64) - exact)
+    assert np.shape(got) == np.shape(exact), (what, np.shape(got), np.shape(exact))
+    assert np.all(err <= bound), f"{what}: max error {err.max()} exceeds the bound (worst ratio {(err / bound).max()})"
+
+
 def assert_matches_ort(got: np.ndarray, ort_out: np.ndarray, what: str) -> None:
     """A QLinear kernel's output against onnxruntime's: bit for bit where onnxruntime runs the
     AVX2 / FMA3 kernels the numpy models reproduce, else within one quantization step."""

@@ -92,7 +92,7 @@ def run_node(dev, model: onnx.ModelProto, feeds, *, variant=None, tunables=None)
     inputs = {s: values[node.input[i]] for i, s in enumerate(spec.inputs) if i < len(node.input) and node.input[i]}
     outs = run_plan(dev, plan, inputs, node=node.op_type)
     RAN.add((node.op_type, plan.variant))
-    return [outs[s] for s in spec.outputs], plan
+    return [outs[s] for s in spec.outputs if s in outs], plan  # absent optional outputs left out
 
 
 def run_all_variants(dev, model, feeds, tunables=None):
