@@ -71,6 +71,8 @@ def test_matches_onnx_reference(best, batches, classes, count, center, given_inp
     (got,) = _session(best, center, given_inputs, workgroup).run(None, feeds)
     if given_inputs < 2:  # the reference fails without iou_threshold: onnxruntime (the same walk) judges
         (want,) = onnxruntime_run(model, feeds)
+    elif count == 0 and max_out < 0:  # the reference raises a TypeError on no boxes with a negative count
+        (want,) = onnxruntime_run(model, feeds)
     else:
         (want,) = ReferenceEvaluator(model).run(None, feeds)
     assert got.dtype == np.int64 and got.shape == want.shape and np.array_equal(got, want)
