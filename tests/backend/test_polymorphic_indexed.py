@@ -228,3 +228,28 @@ def test_pad_and_tile_maps_decline_or_walk_numpys_elements():
         assert ok and np.array_equal(x.reshape(-1)[got], want.reshape(-1)) and len(dims) == map_rank
         assert all(st == 0 for st, r in zip(strides, repeats) if r)
     assert not tile_map((2, 3), (3, 3))[0]
+
+
+# ----------------------------------------------------------------------------- chunked reductions, Einsum, Attention
+
+def test_chunked_reductions_compile_once(dev):
+    """The chunked variant (rows of CHUNKED_MIN_ROW elements or more): its chunk count and
+    workgroups are runtime values too. int32 ReduceSum wraps as numpy's does (bit for bit);
+    ReduceLogSumExp (three passes: shift, partial, final) within the float32 summation bound."""
+    rng = np.random.default_rng(4)
+    sizes = [(1, 17000), (3, 17000), (2, 40000)]  # 5, 5, then 10 chunks per output
+    for op, tp, make in (("ReduceSum", TP.INT32, lambda s: rng.integers(-2 ** 30, 2 ** 30, s).astype(np.int32)),
+                         ("ReduceLogSumExp", TP.FLOAT, lambda s: (rng.standard_normal(s) * 3).astype(F32))):
+        model = make_model([helper.make_node(op, ["x", "axes"], ["y"], keepdims=0)], [vi("x", tp, ["N", "L"])],
+                           [vi("y", tp, None)], {"axes": np.array([1], np.int64)}, opset=18)
+        feeds = [{"x": make(s)} for s in sizes]
+        outs = _compiles_once(dev, model, feeds, op, variant="chunked")
+        for (got,), f in zip(outs, feeds):
+            x = f["x"]
+            if op == "ReduceSum":
+                assert got.dtype == np.int32 and np.array_equal(got, x.sum(axis=1, dtype=np.int32))
+            else:
+                x64 = x.astype(np.float64)
+                m = x64.max(axis=1, keepdims=True)
+                want = np.log(np.exp(x64 - m).sum(axis=1)) + m[:, 0]
+                assert got.dtype == F32 and np.all(np.abs(got - want) <= x.shape[1] * 2.0 ** -23 * (np.abs(want) + 1))
