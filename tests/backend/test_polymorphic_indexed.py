@@ -253,3 +253,32 @@ def test_chunked_reductions_compile_once(dev):
                 m = x64.max(axis=1, keepdims=True)
                 want = np.log(np.exp(x64 - m).sum(axis=1)) + m[:, 0]
                 assert got.dtype == F32 and np.all(np.abs(got - want) <= x.shape[1] * 2.0 ** -23 * (np.abs(want) + 1))
+
+
+EINSUM_CASES = [  # (equation, symbolic shapes, run shapes, dtype)
+    ("bhqd,bhkd->bhqk", [["B", 2, "S", 8], ["B", 2, "S", 8]], lambda b, s: [(b, 2, s, 8), (b, 2, s, 8)], np.float32),
+    ("bij,bjk->bik", [["B", "S", 5], ["B", 5, 4]], lambda b, s: [(b, s, 5), (b, 5, 4)], np.int32),
+    # broadcast ellipsis: x0's leading dim is 1 against x1's 5 at every batch, its batch B against none
+    ("...ij,...jk->...ik", [["B", 1, "S", 4], [5, 4, 6]], lambda b, s: [(b, 1, s, 4), (5, 4, 6)], np.float32),
+    ("ii->i", [["S", "S"]], lambda b, s: [(s, s)], np.int32),
+]
+
+
+@pytest.mark.parametrize("equation, sym, shapes, dtype", EINSUM_CASES, ids=[c[0] for c in EINSUM_CASES])
+def test_einsum_compiles_once(dev, equation, sym, shapes, dtype):
+    tp = TP.INT32 if dtype == np.int32 else TP.FLOAT
+    names = [f"x{i}" for i in range(len(sym))]
+    model = make_model([helper.make_node("Einsum", names, ["y"], equation=equation)],
+                       [vi(n, tp, s) for n, s in zip(names, sym)], [vi("y", tp, None)], opset=12)
+    rng = np.random.default_rng(5)
+    feeds = [{n: (rng.integers(-50, 50, sh) if dtype == np.int32 else rng.standard_normal(sh)).astype(dtype)
+              for n, sh in zip(names, shapes(b, s))} for b, s in ((1, 3), (2, 3), (1, 6))]
+    outs = _compiles_once(dev, model, feeds, "Einsum")
+    for (got,), f in zip(outs, feeds):
+        arrays = [f[n] for n in names]
+        if dtype == np.int32:
+            assert got.dtype == np.int32 and np.array_equal(got, np.einsum(equation, *arrays))
+        else:  # float32 sums against float64: within 8 ulp of the sum of |terms|
+            want = np.einsum(equation, *[a.astype(np.float64) for a in arrays])
+            bound = 8 * 2.0 ** -23 * np.einsum(equation, *[np.abs(a.astype(np.float64)) for a in arrays])
+            assert got.shape == want.shape and np.all(np.abs(got - want) <= bound + 1e-30)
