@@ -282,3 +282,45 @@ def test_einsum_compiles_once(dev, equation, sym, shapes, dtype):
             want = np.einsum(equation, *[a.astype(np.float64) for a in arrays])
             bound = 8 * 2.0 ** -23 * np.einsum(equation, *[np.abs(a.astype(np.float64)) for a in arrays])
             assert got.shape == want.shape and np.all(np.abs(got - want) <= bound + 1e-30)
+
+
+def _attention_model(past, mask):
+    """3-D Q / K / V (4 query heads over 2 kv heads of 8), a causal node with a float mask [S, P + S]
+    (a past cache) or a bool one [B, 1, S, S] (none), every output."""
+    ins = [vi("Q", TP.FLOAT, ["B", "S", 32]), vi("K", TP.FLOAT, ["B", "S", 16]), vi("V", TP.FLOAT, ["B", "S", 16])]
+    names = ["Q", "K", "V", "mask"]
+    if mask == "float":
+        ins.append(vi("mask", TP.FLOAT, ["S", "T"]))
+    else:
+        ins.append(vi("mask", TP.BOOL, ["B", 1, "S", "S"]))
+    if past:
+        ins += [vi("pk", TP.FLOAT, ["B", 2, "P", 8]), vi("pv", TP.FLOAT, ["B", 2, "P", 8])]
+        names += ["pk", "pv"]
+    outs = ["Y", "present_k", "present_v", "qk"] if past else ["Y", "", "", "qk"]
+    node = helper.make_node("Attention", names, outs, is_causal=1, q_num_heads=4, kv_num_heads=2, qk_matmul_output_mode=2)
+    return make_model([node], ins, [vi(o, TP.FLOAT, None) for o in outs if o], opset=23)
+
+
+@pytest.mark.parametrize("variant", ["serial", "workgroup"])
+@pytest.mark.parametrize("past, mask", [(True, "float"), (False, "bool")], ids=["past-float-mask", "bool-mask"])
+def test_attention_compiles_once(dev, variant, past, mask):
+    """The batch, the query and key counts, the past length and the mask's strides are runtime
+    values: a second batch size and a longer sequence (and past) compile nothing, under each
+    softmax variant; every output within ONNX's rule (rtol 1e-3, atol 1e-7) of onnx.reference."""
+    model = _attention_model(past, mask)
+    rng = np.random.default_rng(6)
+    feeds = []
+    for b, s, p in ((1, 4, 3), (2, 4, 3), (1, 7, 5)):
+        f = {"Q": rng.standard_normal((b, s, 32)).astype(F32), "K": rng.standard_normal((b, s, 16)).astype(F32),
+             "V": rng.standard_normal((b, s, 16)).astype(F32)}
+        if past:
+            f.update(pk=rng.standard_normal((b, 2, p, 8)).astype(F32), pv=rng.standard_normal((b, 2, p, 8)).astype(F32),
+                     mask=rng.standard_normal((s, p + s)).astype(F32))
+        else:
+            f["mask"] = rng.random((b, 1, s, s)) < 0.8
+        feeds.append(f)
+    outs = _compiles_once(dev, model, feeds, "Attention", variant=variant)
+    for got, f in zip(outs, feeds):
+        for g, w in zip(got, ref_run(model, f)):
+            assert g.shape == w.shape
+            np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-7)
