@@ -324,3 +324,38 @@ def test_attention_compiles_once(dev, variant, past, mask):
         for g, w in zip(got, ref_run(model, f)):
             assert g.shape == w.shape
             np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-7)
+
+
+# ----------------------------------------------------------------------------- the zoo CNN at batch 8
+
+def test_the_dynamic_cnn_at_batch_8_compiles_only_its_classifiers_row_tile(dev):
+    """The zoo CNN in dynamic form, batch 1 then 8 (benchmarks/second_shape_compiles.py's batch 2
+    compiled nothing; batch 8 compiled 3 pipelines): its first DynamicQuantizeConv turns from fused
+    to two_pass there (workgroups x numel(x) pass FUSED_MAX_REDUCE_READS), whose passes were two
+    pipelines of their own; the variants now share one (the pass's stage is a runtime uniform), so
+    what compiles is DynamicQuantizeMatMul's row tile alone (2 -> 8 rows: a register tile, bucketed
+    2 / 4 / ROW_TILE by row count). Both runs agree with onnxruntime."""
+    import logging
+    import warnings
+
+    from onnx_quant import model_zoo
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        level = logging.getLogger().level
+        logging.getLogger().setLevel(logging.ERROR)
+        try:
+            model = model_zoo.quantized("cnn", "dynamic", per_channel=True)
+        finally:
+            logging.getLogger().setLevel(level)
+    feeds = [model_zoo.random_feeds(model, {"N": n, "H": 32, "W": 32}, seed=n) for n in (1, 8)]
+    outs, compiled = runs_from_a_cold_cache(dev, model, feeds)
+    from onnx_quant.backend_wgpu.session import Session
+
+    with Session(model, device=dev) as s:
+        variants = [[p.variant for p in s.plans({k: v.shape for k, v in f.items()}) if p.kernel == "DynamicQuantizeConv"]
+                    for f in feeds]
+    assert "two_pass" in variants[1] and "two_pass" not in variants[0], variants  # the switch happens
+    assert {lab.split("/")[-3] for lab in compiled[1]} == {"DynamicQuantizeMatMul"}, compiled[1]
+    for got, f in zip(outs, feeds):
+        assert_agree(got, onnxruntime_run(model, f, level="ORT_DISABLE_ALL"), 1e-4)
