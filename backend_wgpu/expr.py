@@ -40,7 +40,7 @@ from typing import Any, Iterable, Mapping
 from onnx_quant.errors import ExpressionError
 
 from .device_info import KNOWN_FEATURES, WEBGPU_DEFAULT_LIMITS
-from .index_math import conv_windows, div_magic, slice_map
+from .index_math import SPEC_FUNCTIONS, div_magic
 
 __all__ = [
     "Expr", "Env", "Scope", "Value", "parse", "evaluate", "evaluate_value", "free_names",
@@ -64,6 +64,7 @@ _TWO_PART = ("shapes", "ranks", "tunables", "attrs", "dtypes", "present", "value
 FUNCTIONS: dict[str, tuple[int, int | None]] = {
     "numel": (1, 3), "ceilDiv": (2, 2), "min": (1, None), "max": (1, None), "bits": (1, 1),
     "slice": (2, 3), "lastNonUnit": (1, 1), "rowStrides": (1, 1), "broadcastStrides": (2, 2), "nonzeroIndices": (1, 1), "listLength": (1, 1), "convWindows": (5, 5), "sliceMap": (5, 5), "divMagic": (1, 1), "resizeTables": (15, 15),
+    "padMap": (4, 4), "tileMap": (2, 2), "einsumMap": (2, 2),
     "dftTwiddles": (1, 1), "melBins": (7, 7),
 }
 _BOOL_NAMES = {"true": True, "false": False}
@@ -696,16 +697,11 @@ class _Evaluator:
                     raise self.fail(f"{fname}() bounds must be ints, found {type_name(b)}")
             part = seq[args[1]:(args[2] if len(args) > 2 else None)] if len(args) > 1 else seq
             return math.prod(part) if fname == "numel" else part
-        if fname == "lastNonUnit":  # the innermost dimension of size > 1 (-1: none)
-            seq = args[0]
-            if not isinstance(seq, tuple) or not all(_is_int(d) for d in seq):
-                raise self.fail(f"lastNonUnit() needs a list of ints, found {type_name(seq)}")
-            return max((d for d, n in enumerate(seq) if n > 1), default=-1)
-        if fname == "rowStrides":  # the row-major strides of a shape: [numel(s, 1), numel(s, 2), ..., 1]
-            seq = args[0]
-            if not isinstance(seq, tuple) or not all(_is_int(d) for d in seq):
-                raise self.fail(f"rowStrides() needs a list of ints, found {type_name(seq)}")
-            return tuple(math.prod(seq[d + 1:]) for d in range(len(seq)))
+        if fname in SPEC_FUNCTIONS:  # functions of int lists (index_math.py, einsum.py)
+            try:
+                return SPEC_FUNCTIONS[fname](*args)
+            except ValueError as err:
+                raise self.fail(f"{fname}() {err}, found {args!r}") from None
         if fname == "listLength":  # a list's length (numel multiplies its items)
             if not isinstance(args[0], tuple):
                 raise self.fail(f"listLength() needs a list, found {type_name(args[0])}")
@@ -714,18 +710,6 @@ class _Evaluator:
             if not isinstance(args[0], tuple):
                 raise self.fail(f"nonzeroIndices() needs a list, found {type_name(args[0])}")
             return tuple(i for i, v in enumerate(args[0]) if v)
-        if fname == "convWindows":  # sliding positions per spatial axis (Col2Im's blocks, a conv's output)
-            try:
-                return conv_windows(*args)
-            except ValueError as err:
-                raise self.fail(f"convWindows() {err}, found {args!r}") from None
-        if fname == "broadcastStrides":  # the input's strides per output axis, 0 where it broadcasts
-            ins, outs = args
-            if not all(isinstance(s, tuple) and all(_is_int(d) for d in s) for s in (ins, outs)) or len(ins) > len(outs):
-                raise self.fail(f"broadcastStrides() needs two lists of ints, the first no longer, found {ins!r}, {outs!r}")
-            off = len(outs) - len(ins)
-            row = tuple(math.prod(ins[d + 1:]) for d in range(len(ins)))
-            return tuple(0 if d < off or ins[d - off] == 1 else row[d - off] for d in range(len(outs)))
         if fname == "divMagic":
             x = args[0]
             if _is_int(x) and 0 <= x < 2 ** 31:
@@ -733,11 +717,6 @@ class _Evaluator:
             if isinstance(x, tuple) and all(_is_int(d) and 0 <= d < 2 ** 31 for d in x):
                 return tuple(div_magic(d) for d in x)
             raise self.fail(f"divMagic() needs an int in [0, 2^31) or a list of them, found {x!r}")
-        if fname == "sliceMap":
-            for a in args:
-                if not isinstance(a, tuple) or not all(_is_int(d) for d in a):
-                    raise self.fail(f"sliceMap() needs lists of ints, found {type_name(a)}")
-            return slice_map(*args)
         if fname == "resizeTables":  # Resize's per-axis tap tables (backend_wgpu/resize_taps.py)
             from .resize_taps import resize_tables  # noqa: PLC0415 - numpy
 

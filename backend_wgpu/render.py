@@ -16,8 +16,8 @@ a kernel writes, e.g. ConstantOfShape's value, EyeLike's one), ``oq_rounded(valu
 Python float rounded to an element type, for plan-time arithmetic that must follow a
 reference computing in that type), ``oq_saturated_words`` (``resize_taps.py``): a value as
 onnx.reference's saturate_cast writes it into an element type (Resize's extrapolation value);
-``oq_einsum(equation, shapes)`` (``einsum.py``): an Einsum equation's labels, sizes and summed
-labels; ``oq_json(text)``: a JSON attribute parsed (FusedElementwise's steps).
+``oq_einsum(equation, ranks)`` (``einsum.py``): an Einsum equation's labels per input, output
+and summed labels (the sizes are runtime uniforms: the spec's ``einsumMap``); ``oq_json(text)``: a JSON attribute parsed (FusedElementwise's steps).
 ``{{ x | u32 }}`` writes a WGSL u32 (``123u``, or the uniform read of a runtime uniform:
 backend_wgpu/uniforms.py, whose guards fail a render that uses one at Jinja level);
 :func:`pipeline_key` keys a pass's pipeline before rendering.
@@ -36,7 +36,7 @@ from onnx_quant import cache_dir
 from onnx_quant.errors import DeviceError, SpecError
 
 from . import plan_cache, resize_taps, uniforms
-from .einsum import einsum_plan
+from .einsum import einsum_labels
 from .plan import BindingPlan, PassPlan
 from .spec_loader import templates_dir
 
@@ -116,7 +116,7 @@ def _environment(path: tuple[str, ...]) -> jinja2.Environment:
     env.globals["oq_value_lanes"] = _value_lanes
     env.globals["oq_rounded"] = _rounded
     env.globals["oq_saturated_words"] = resize_taps.saturated_words
-    env.globals["oq_einsum"] = einsum_plan
+    env.globals["oq_einsum"] = einsum_labels
     env.globals["oq_json"] = json.loads
     uniforms.install(env)
     return env

@@ -2,8 +2,12 @@
 pipelines): runs each quantized zoo model at its benchmark dims, then at a second batch size /
 sequence length, and reports how many pipelines the second run compiled and for which kernels.
 
-    python benchmarks/second_shape_compiles.py [--families cnn mlp transformer] [--formats ...] [--batch-only]
+    python benchmarks/second_shape_compiles.py [--families cnn mlp transformer] [--formats ...] [--batch-only] [--batch N]
     python benchmarks/second_shape_compiles.py --exported [MODEL ...] [-v]
+
+``--batch N``: the second run at batch size N (cnn / mlp N, transformer B) instead of the family's second
+dims (batch 2 hides a variant that a larger batch selects: the zoo CNN's DynamicQuantizeConv turns
+two_pass at batch 8).
 
 ``--exported``: the real-architecture models of onnx_quant.exported_models in every form, at a second
 batch size and at a new image size / sequence length / audio length (``SHAPE_CHANGES``).
@@ -52,13 +56,17 @@ def _quietly(build):
         return build()
 
 
-def second_shape_compiles(family: str, fmt: str, device=None, *, batch_only: bool = False) -> tuple[int, list[str]]:
+def second_shape_compiles(family: str, fmt: str, device=None, *, batch_only: bool = False,
+                           batch: int | None = None) -> tuple[int, list[str]]:
     """Zoo model ``family`` in ``fmt``: :func:`compiles_at` its benchmark dims then a second batch size
-    and sequence length (with ``batch_only``, the batch size alone: bench_models.SECOND_DIMS)."""
+    and sequence length (with ``batch_only``, the batch size alone: bench_models.SECOND_DIMS; with
+    ``batch``, that batch size alone)."""
     from onnx_quant import model_zoo  # noqa: PLC0415
 
     model = _quietly(lambda: model_zoo.quantized(family, fmt, per_channel=True))
-    second = (bench_models.SECOND_DIMS if batch_only else SECOND_DIMS)[family]
+    second = (bench_models.SECOND_DIMS if batch_only or batch else SECOND_DIMS)[family]
+    if batch:
+        second = {**bench_models.RUN_DIMS[family], ("B" if family == "transformer" else "N"): batch}
     return compiles_at(model, model_zoo.random_feeds(model, bench_models.RUN_DIMS[family], seed=1),
                        model_zoo.random_feeds(model, second, seed=2), device)
 
@@ -86,6 +94,7 @@ def main() -> None:
     ap.add_argument("--families", nargs="+", default=list(SECOND_DIMS))
     ap.add_argument("--formats", nargs="+", default=list(FORMATS))
     ap.add_argument("--batch-only", action="store_true", help="change the batch size alone")
+    ap.add_argument("--batch", type=int, help="the second run at this batch size alone")
     ap.add_argument("--exported", nargs="*", metavar="MODEL",
                     help="the exported models (all, or those named) instead of the zoo, at a second batch "
                          "size and at a new size (exported_models.SHAPE_CHANGES), in every form")
@@ -102,7 +111,7 @@ def main() -> None:
         return
     for fam in args.families:
         for fmt in args.formats:
-            n, labels = second_shape_compiles(fam, fmt, batch_only=args.batch_only)
+            n, labels = second_shape_compiles(fam, fmt, batch_only=args.batch_only, batch=args.batch)
             _report(f"{fam} {fmt}", n, labels, args.verbose)
 
 
