@@ -442,6 +442,8 @@ def test_kernels_agree_on_opengl(best):
     a, b, w = data((17, 33), np.float32, 2), data((33, 19), np.float32, 3), data((8, 3, 3, 3), np.float32, 4)
     u = [data((2, 3), np.uint8, i) for i in range(3)]
     lab = (np.arange(2 * 5 * 5).reshape(2, 5, 5) % 3).astype(np.int64)
+    i8, s19 = data((33, 19), np.int8, 6), (data((19,), np.float32, 7) ** 2 * 0.01).astype(np.float32)
+    z19 = data((19,), np.int8, 8) // 8
     cases = [
         (node_model("MaxPool", [("X", x.astype(np.uint8))], ["Y"], attrs=dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
                     opset=12), {"X": x.astype(np.uint8)}),
@@ -455,6 +457,9 @@ def test_kernels_agree_on_opengl(best):
                     attrs={"reduction": "mean", "ignore_index": 1}, opset=13), {"X": x, "T": lab, "W": x[0, :, 0, 0].copy()}),
         (node_model("Sigmoid", [("X", x)], ["Y"]), {"X": x}),
         (node_model("MatMul", [("A", a), ("B", b)], ["Y"]), {"A": a, "B": b}),
+        (node_model("MatMul", [("A", a[:, :32]), ("B", b[:32, :16])], ["Y"]), {"A": a[:, :32], "B": b[:32, :16]}),
+        (node_model("DynamicQuantizeMatMul", [("A", a), ("B", i8), ("S", s19), ("Z", z19)], ["Y"], domain=MS,
+                    inits={"B": i8, "S": s19, "Z": z19}), {"A": a}),
         (node_model("Conv", [("X", x), ("W", w)], ["Y"]), {"X": x, "W": w}),
         (node_model("Add", [("A", h), ("B", h)], ["C"]), {"A": h, "B": h}),
         (node_model("Cast", [("X", x)], ["Y"], attrs={"to": TensorProto.INT8}, out_types=[np.int8]), {"X": x}),

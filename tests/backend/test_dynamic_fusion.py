@@ -203,11 +203,16 @@ def test_zoo_dynamic_models_rewrite(family, expect):
 # ----------------------------------------------------------------------------- kernels (GPU)
 
 
+#: every variant a candidate: DynamicQuantizeMatMul's blocked takes weights of BLOCKED_MIN_WEIGHTS and more
+ALL_VARIANTS = {"DynamicQuantizeMatMul": {"BLOCKED_MIN_WEIGHTS": 0}}
+
+
 def _check_against_ort(device, model, op_type):
     from onnx_quant.backend_wgpu.session import Session
 
     feeds = _feeds(model)
-    outs, ids = run_every_variant(device, model, feeds, op_type)
+    outs, ids = run_every_variant(device, model, feeds, op_type,
+                                  tunables=ALL_VARIANTS if op_type == "DynamicQuantizeMatMul" else None)
     with Session(model, device=device, fuse_dynamic=False, allow_host_fallback=False) as s:
         unfused = s.run(None, feeds)
     for got, want in zip(outs, onnxruntime_run(model, feeds, level="ORT_DISABLE_ALL")):
@@ -225,13 +230,13 @@ def _check_against_ort(device, model, op_type):
 def test_dynamic_quantize_matmul_unit(best, w_type, per_channel, bias, relu):
     ids = _check_against_ort(best, _mm_unit(w_type=w_type, per_channel=per_channel, bias=bias, relu=relu, k=70),
                              "DynamicQuantizeMatMul")
-    assert set(ids) == {"fused", "two_pass"}
+    assert set(ids) == {"blocked", "fused", "two_pass"}
 
 
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_matmul_integer_to_float_unit(best, per_channel):
     ids = _check_against_ort(best, _mm_unit(shared=True, per_channel=per_channel, rows=9), "MatMulIntegerToFloat")
-    assert ids == ["gemm"]
+    assert ids == ["blocked", "gemm"]
 
 
 @pytest.mark.parametrize("per_channel", [False, True])
@@ -317,7 +322,36 @@ def test_zoo_dynamic_models_dispatches_and_values(best, family, tmp_path):
 def test_dynamic_quantize_matmul_many_tiles(best):
     """rows, columns and k each past one workgroup tile (ROW_TILE 8, 64 columns, K_TILE 64)."""
     ids = _check_against_ort(best, _mm_unit(rows=19, n=130, k=150, relu=True), "DynamicQuantizeMatMul")
-    assert set(ids) == {"fused", "two_pass"}
+    assert set(ids) == {"blocked", "fused", "two_pass"}
+
+
+SPECIAL_INPUTS = {"zeros": 0.0, "constant": 3.0, "nan": np.nan, "plus_inf": np.inf, "minus_inf": -np.inf,
+                  "range_overflows": 3e38}
+
+
+@pytest.mark.parametrize("case", sorted(SPECIAL_INPUTS))
+def test_dynamic_quantize_matmul_variants_agree_on_special_inputs(best, case):
+    """DynamicQuantizeLinear's special cases (an all-zero or constant A, a NaN, an infinity, a range
+    that overflows float32: docs/backend.md) reach every variant's GEMM alike: the blocked one's
+    quantize pass and the others' on-load quantization are the same snippet (dql.wgsl.jinja), so the
+    outputs are the same bits, and those of the project's unfused kernels."""
+    from onnx_quant.backend_wgpu.session import Session
+
+    model = _mm_unit(rows=9, k=70, n=6)
+    x = _feeds(model)["x"]
+    value = SPECIAL_INPUTS[case]
+    if case in ("zeros", "constant"):
+        x[:] = value
+    elif case == "range_overflows":
+        x[0, 0], x[1, 1] = value, -value
+    else:
+        x[2, 3] = value
+    outs, ids = run_every_variant(best, model, {"x": x}, "DynamicQuantizeMatMul", tunables=ALL_VARIANTS)
+    assert set(ids) == {"blocked", "fused", "two_pass"}
+    with Session(model, device=best, fuse_dynamic=False, allow_host_fallback=False) as s:
+        unfused = s.run(None, {"x": x})
+    for got, want in zip(outs, unfused):
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("op_type, conv", [("DynamicQuantizeMatMul", False), ("DynamicQuantizeConv", True)])
@@ -335,6 +369,28 @@ def test_planner_ranks_fused_then_two_pass(best, op_type, conv):
             (entry,) = [e for e in s.explain(shapes) if e["op_type"] == op_type]
             chosen[reads] = (entry["variant"], len(entry["passes"]))
     assert chosen == {None: ("fused", 1), 1: ("two_pass", 2)}
+
+
+@pytest.mark.parametrize("op_type", ["DynamicQuantizeMatMul", "MatMulIntegerToFloat"])
+def test_planner_ranks_blocked_first(best, op_type):
+    """The register-blocked variant outranks the workgroup-memory ones (PREFER_TILED 0); for
+    DynamicQuantizeMatMul from BLOCKED_MIN_WEIGHTS weights (K x N) on, below which its one-pass
+    fused variant is as fast with one dispatch, not three (reduce, quantize, GEMM)."""
+    from onnx_quant.backend_wgpu.session import Session
+
+    dqmm = op_type == "DynamicQuantizeMatMul"
+    model = _mm_unit(k=128, n=64, shared=not dqmm)  # 8192 weights
+    shapes = {k: v.shape for k, v in _feeds(model).items()}
+    chosen = {}
+    cases = {"default": {}, "tiled": {"PREFER_TILED": 1}} | ({"above": {"BLOCKED_MIN_WEIGHTS": 8193}} if dqmm else {})
+    for name, tunables in cases.items():
+        with Session(model, device=best, tunables=tunables) as s:
+            (entry,) = [e for e in s.explain(shapes) if e["op_type"] == op_type]
+            chosen[name] = (entry["variant"], len(entry["passes"]))
+    if dqmm:
+        assert chosen == {"default": ("blocked", 3), "above": ("fused", 1), "tiled": ("fused", 1)}
+    else:
+        assert chosen == {"default": ("blocked", 1), "tiled": ("gemm", 1)}
 
 
 def test_declined_fused_node_runs_as_the_unit_on_the_host(best):

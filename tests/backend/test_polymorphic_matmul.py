@@ -165,17 +165,21 @@ def test_matmul_integer_two_batch_sizes(dev, variant):
     _check_two_shapes(dev, model, "MatMulInteger", variant, feeds_list, _reference)
 
 
-@pytest.mark.parametrize("op_type, variant", [("DynamicQuantizeMatMul", "fused"),
+@pytest.mark.parametrize("op_type, variant", [("DynamicQuantizeMatMul", "blocked"),
+                                              ("DynamicQuantizeMatMul", "fused"),
                                               ("DynamicQuantizeMatMul", "two_pass"),
+                                              ("MatMulIntegerToFloat", "blocked"),
                                               ("MatMulIntegerToFloat", "gemm")])
 @pytest.mark.parametrize("sizes", [((1, 16), (2, 24), (3, 10)), ((1, 1), (2, 1))], ids=["rows16_48_30", "rows1_2"])
 def test_dynamic_matmul_two_batch_sizes(dev, op_type, variant, sizes):
     """Rows B x S = 16, 48, 30 (the transformer's B 1 -> 2 with S 16 -> 24, and more), and 1 -> 2
-    (a classifier at batch 1 -> 2: one row tile of 2 serves both)."""
+    (a classifier at batch 1 -> 2: one row tile of 2 serves both). The weights (24 x 10) are under
+    DynamicQuantizeMatMul's BLOCKED_MIN_WEIGHTS: 0 makes blocked a candidate."""
     rng = np.random.default_rng(7)
     model = _dynamic_unit(rng, shared=op_type == "MatMulIntegerToFloat")
     feeds_list = [{"x": (rng.standard_normal((b, s, 24)) * 3 + 0.5).astype(np.float32)} for b, s in sizes]
-    _check_two_shapes(dev, model, op_type, variant, feeds_list, _ort_unfused)
+    _check_two_shapes(dev, model, op_type, variant, feeds_list, _ort_unfused,
+                      tunables={op_type: {"BLOCKED_MIN_WEIGHTS": 0}} if op_type == "DynamicQuantizeMatMul" else None)
 
 
 @pytest.mark.parametrize("variant", ("blocked_epilogue", "blocked", "simple"))

@@ -6,7 +6,8 @@ a new sequence length compiles no pipeline, from a cold cache, and every output 
 (bit for bit for integer outputs; float sums within the bounds of the kernels' own tests).
 
 The values that stay plan-time are buckets, not sizes: K % 4 and whether K and N are multiples of
-4 (the integer GEMMs' unaligned reads and masked last quad of k), ranks and axes; the sequence
+4 (the integer GEMMs' unaligned reads and masked last quad of k; the float blocked GEMM's vec4
+reads of A and B), ranks and axes; the sequence
 lengths below stay inside one bucket per case. Variants chosen by size are still chosen per size
 (the zoo's dynamic transformer: its attention MatMuls cross MatMul's TILED_MIN_MACS at S 16 -> 24,
 B 1 -> 2, and take the blocked variant: one pipeline, below)."""
@@ -160,30 +161,38 @@ def test_qgemm_at_three_sequence_lengths(dev, variant, trans_b, bucket):
 # --------------------------------------------------------------------------- float MatMul / Gemm
 
 
+#: the float GEMMs' sequence lengths: the blocked variant reads A and B a vec4 at a time where
+#: their rows are whole vec4s (K, N multiples of 4: plan-time buckets, as the integer GEMMs' unaligned
+#: reads), so it is checked within each bucket; simple and tiled also across them
+FLOAT_SEQS = {**SEQ_BUCKETS, "mixed": (16, 24, 7)}
+FLOAT_CASES = [(v, b) for v in ("simple", "blocked", "tiled") for b in sorted(FLOAT_SEQS)
+               if not (v == "blocked" and b == "mixed")]
+
+
 @pytest.mark.parametrize("scores", (True, False), ids=("scores", "values"))
-@pytest.mark.parametrize("variant", ("simple", "blocked", "tiled"))
-def test_float_matmul_at_three_sequence_lengths(dev, variant, scores):
+@pytest.mark.parametrize("variant, bucket", FLOAT_CASES)
+def test_float_matmul_at_three_sequence_lengths(dev, variant, bucket, scores):
     rng = np.random.default_rng(23)
     a_shape, b_shape = (["B", 2, "S", 8], ["B", 2, 8, "S"]) if scores else (["B", 2, "S", "S"], ["B", 2, "S", 8])
     model = _model([helper.make_node("MatMul", ["a", "b"], ["y"])],
                    [_vi("a", TensorProto.FLOAT, a_shape), _vi("b", TensorProto.FLOAT, b_shape)])
     feeds_list = []
-    for b, s in ((1, 16), (2, 24), (1, 7)):
+    for b, s in zip((1, 2, 1), FLOAT_SEQS[bucket]):
         f = _attention_feeds(rng, scores, b, s, np.int8, np.int8)
         feeds_list.append({k: (v * 0.05).astype(F32) for k, v in f.items()})
     _check_sequence_lengths(dev, model, "MatMul", variant, feeds_list, _reference, exact=False,
                             tunables={"MatMul": {"TILED_MIN_MACS": 0}})
 
 
-@pytest.mark.parametrize("variant", ("simple", "blocked", "tiled"))
-def test_gemm_with_k_following_the_sequence_length(dev, variant):
+@pytest.mark.parametrize("variant, bucket", FLOAT_CASES)
+def test_gemm_with_k_following_the_sequence_length(dev, variant, bucket):
     """Gemm(transA, transB, alpha, beta, C [M, 12]) of A [S, M]^T by B [12, S]^T: K = S."""
     rng = np.random.default_rng(24)
     node = helper.make_node("Gemm", ["a", "b", "c"], ["y"], transA=1, transB=1, alpha=0.5, beta=1.5)
     model = _model([node], [_vi("a", TensorProto.FLOAT, ["S", 10]), _vi("b", TensorProto.FLOAT, [12, "S"]),
                             _vi("c", TensorProto.FLOAT, [10, 12])])
     feeds_list = [{"a": rng.standard_normal((s, 10)).astype(F32), "b": rng.standard_normal((12, s)).astype(F32),
-                   "c": rng.standard_normal((10, 12)).astype(F32)} for s in (16, 24, 7)]
+                   "c": rng.standard_normal((10, 12)).astype(F32)} for s in FLOAT_SEQS[bucket]]
     _check_sequence_lengths(dev, model, "Gemm", variant, feeds_list, _reference, exact=False,
                             tunables={"Gemm": {"TILED_MIN_MACS": 0}})
 

@@ -180,22 +180,22 @@ def assert_node_cases_pass_or_declined(device, ops, declined, at_least: int, *, 
     return passed
 
 
-def run_every_variant(device, model, feeds, op_type):
+def run_every_variant(device, model, feeds, op_type, tunables=None):
     """The model run with each variant of its ``op_type`` node (the first node of that op type,
-    else the first node) that applies, forced, no host fallback; asserts they give the same bits
-    and returns (outputs, variant ids)."""
+    else the first node) that applies (under ``tunables``: e.g. a size bound set to 0), forced,
+    no host fallback; asserts they give the same bits and returns (outputs, variant ids)."""
     import numpy as np
 
     from onnx_quant.backend_wgpu.session import Session
 
-    with Session(model, device=device) as s:
+    with Session(model, device=device, tunables=tunables) as s:
         entries = s.explain({k: v.shape for k, v in feeds.items()})
         selection = next((e for e in entries if e["op_type"] == op_type), entries[0])["selection"]
     ids = [v for v, failing in selection.items() if failing is None]
     assert ids, selection
     runs = []
     for v in ids:
-        with Session(model, device=device, variants={op_type: v}, allow_host_fallback=False) as s:
+        with Session(model, device=device, variants={op_type: v}, allow_host_fallback=False, tunables=tunables) as s:
             runs.append(s.run(None, feeds))
     for outs in runs[1:]:
         for a, b in zip(outs, runs[0]):

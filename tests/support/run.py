@@ -24,7 +24,7 @@ from support.oracles import assert_same_bits, ref_run
 
 #: tunables that gate variants, set so that every variant's size clause holds
 FORCE_TUNABLES = {"COARSE_MIN_WORDS": 0, "TILED_MIN_MACS": 0, "SERIAL_MAX_ELEMENTS": 10**9,
-                  "SERIAL_MAX_ROW": 10**9, "TABLE_MIN_ELEMENTS": 0}
+                  "SERIAL_MAX_ROW": 10**9, "TABLE_MIN_ELEMENTS": 0, "BLOCKED_MIN_WEIGHTS": 0}
 
 #: (op type, variant) pairs :func:`run_node` ran in this process (test_float_kernels_gpu checks
 #: that its kernels' variants all ran)
