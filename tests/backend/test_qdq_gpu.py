@@ -619,6 +619,28 @@ def test_quantize_ties_and_their_neighbours(best, x_type, y_type):
     _run_both(best, model, feeds, y_type, {"axis": 0}, variants=(None,))
 
 
+@pytest.mark.parametrize("y_type", ["uint8", "int16", "int4", "uint2"])
+@pytest.mark.parametrize("count", [4 * 331, 4 * 331 + 3])
+def test_per_tensor_redoes_ties_in_every_word_of_an_invocation(best, y_type, count):
+    """The per-tensor fast path marks the elements whose quotient lies near a half-integer in one
+    mask per invocation and redoes them after the invocation's words (a partial last word too):
+    ties in every position of every word, with several words per invocation (capped at 32
+    elements), all variants against the reference."""
+    rng = np.random.default_rng(11)
+    scale = np.float32(0.3)
+    k = rng.integers(-9, 9, count) + 0.5
+    x = (k * np.float64(scale)).astype(np.float32)
+    x[::3] = rng.standard_normal(x[::3].size).astype(np.float32) * 4  # between them, ordinary values
+    x[-1] = np.float32(2.5 * np.float64(scale))  # the last element (in the partial word: count % 4 == 3)
+    model = qdq_model("QuantizeLinear", 21, "float32", "float32", y_type, x.shape, (), True, {})
+    feeds = {"x": x, "s": np.array(scale, np.float32), "z": np.array(1, BY_NAME[y_type].dtype)}
+    expected = expected_outputs(model, feeds, y_type, {})
+    for words in (1, 3, 8, 32):
+        for variant in Q_VARIANTS:
+            tun = None if variant == "simple" else {"WORKGROUP_SIZE": 32, "WORDS_PER_THREAD": words}
+            assert_same(run_gpu(best, model, feeds, variant=variant, tunables=tun), expected, f"{variant} {tun}")
+
+
 @pytest.mark.parametrize("y_type", ["int8", "uint16", "float8e4m3fn", "float8e5m2fnuz", "float4e2m1", "float6e3m2"])
 @pytest.mark.parametrize("scale_type", ["float32", "bfloat16"])
 def test_int32_input_exact_division(best, y_type, scale_type):
