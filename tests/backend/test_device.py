@@ -206,16 +206,36 @@ def test_validation_errors_become_device_errors(best):
 
 # ----------------------------------------------------------------------------- division
 
-_DIV_TEST = '''
+def _division_shader(out_type: str, body: str) -> str:
+    """A division test's shader: element i of a / b, p[i] a perturbation in ULPs, results in o."""
+    return '''
 {% include "snippets/numerics.wgsl.jinja" %}
 @group(0) @binding(0) var<storage, read> a: array<f32>;
 @group(0) @binding(1) var<storage, read> b: array<f32>;
 @group(0) @binding(2) var<storage, read> p: array<i32>;
-@group(0) @binding(3) var<storage, read_write> o: array<f32>;
+@group(0) @binding(3) var<storage, read_write> o: array<OUT>;
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) g: vec3<u32>) {
   let i = g.x;
   if (i >= arrayLength(&a)) { return; }
+'''.replace("OUT", out_type) + body
+
+
+def _run_division(dev, src: str, out_type: str, a, b, p, out_words: int, label: str) -> bytes:
+    """The shader run over a, b, p (one invocation per element): o's bytes."""
+    binds = [BindingPlan(0, "a", "a", "read", "f32"), BindingPlan(1, "b", "b", "read", "f32"),
+             BindingPlan(2, "p", "p", "read", "i32"), BindingPlan(3, "o", "o", "read_write", out_type)]
+    comp = dev.compile(src, layout_key(binds), label=label)
+    bufs = [dev.allocate(a.nbytes), dev.allocate(b.nbytes), dev.allocate(p.nbytes), dev.allocate(4 * out_words)]
+    for buf, arr in zip(bufs, (a, b, p)):
+        dev.upload(buf, arr)
+    bg = dev.bind(comp, [(i, buf, buf.size) for i, buf in enumerate(bufs)])
+    staging = dev.allocate_staging(4 * out_words)
+    return dev.launch([(comp, bg, (a.size // 64, 1, 1), label)], copies=[(bufs[3], 0, staging, 0, 4 * out_words)],
+                      read=staging)
+
+
+_DIV_TEST = _division_shader("f32", '''
   let x = a[i];
   let s = b[i];
   let q = x / s;
@@ -226,7 +246,7 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
   o[3u * i + 1u] = oq_div_rn(x, s);
   o[3u * i + 2u] = oq_div_rint(x, s);
 }
-'''
+''')
 
 
 def _random_f32(rng, n):
@@ -253,17 +273,9 @@ def test_division_is_correctly_rounded_from_a_perturbed_start(dev, seed, straigh
     a[m:2 * m] = _random_f32(rng, m) * np.float32(1e-38)  # subnormal dividends
     b[2 * m:2 * m + m // 2] = _random_f32(rng, m // 2) * np.float32(1e-38)  # subnormal divisors
     p = rng.integers(-3, 4, n).astype(np.int32)
-    binds = [BindingPlan(0, "a", "a", "read", "f32"), BindingPlan(1, "b", "b", "read", "f32"),
-             BindingPlan(2, "p", "p", "read", "i32"), BindingPlan(3, "o", "o", "read_write", "f32")]
     src = render_string(_DIV_TEST, {"oq_straight_line_refine": straight_line})
     assert ("step 4" in src) == straight_line
-    comp = dev.compile(src, layout_key(binds), label="division test")
-    bufs = [dev.allocate(a.nbytes), dev.allocate(b.nbytes), dev.allocate(p.nbytes), dev.allocate(12 * n)]
-    for buf, arr in zip(bufs, (a, b, p)):
-        dev.upload(buf, arr)
-    bg = dev.bind(comp, [(i, buf, buf.size) for i, buf in enumerate(bufs)])
-    staging = dev.allocate_staging(12 * n)
-    raw = dev.launch([(comp, bg, (n // 64, 1, 1), "division")], copies=[(bufs[3], 0, staging, 0, 12 * n)], read=staging)
+    raw = _run_division(dev, src, "f32", a, b, p, 3 * n, "division test")
     out = np.frombuffer(raw, np.float32).reshape(n, 3)
     with np.errstate(all="ignore"):
         q = a / b
@@ -333,3 +345,58 @@ def test_pack_rejects_wrong_dtype():
     # float6 has a device layout now (byte containers, backend_wgpu/packing.py)
     assert len(bytes(pack_array(np.zeros(4, BY_NAME["float6e2m3"].dtype), "float6e2m3"))) == 4
     assert TensorProto.UINT8 == BY_NAME["uint8"].code
+
+
+_CERTIFIED_TEST = _division_shader("u32", '''
+  let q = a[i] / b[i];
+  // the quotient p[i] ULPs away from the device's (a device within 3 ULP), as the test's checks see it
+  let mag = i32(bitcast<u32>(q) & 0x7fffffffu);
+  let qp = bitcast<f32>(u32(clamp(mag + p[i], 0, 0x7f800000)) | (bitcast<u32>(q) & 0x80000000u));
+  let qq = select(q, qp, oq_is_finite(q));
+  o[2u * i] = bitcast<u32>(qq);
+  o[2u * i + 1u] = select(0u, 1u, oq_div_certified(a[i], oq_divisor(b[i]), qq));
+}
+''')
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_certified_quotients_are_the_correctly_rounded_ones(dev, seed):
+    """oq_div_certified (a cheap residual test, so that callers run oq_div_refine only where it
+    fails) never certifies a quotient that is not numpy's correctly rounded one, for quotients
+    up to 3 ULP off (WGSL allows 2.5): random values, subnormals, quotients near powers of two
+    on both sides, near overflow and underflow, divisors outside WGSL's accuracy range; and it
+    certifies almost every exact one. (Its power-of-two rule, for a quotient between 1/4 and 1/2
+    ULP below a power of two, guards what no quotient of two floats reaches: two 24-bit
+    significands put x / s at least half a ULP from any power of two it is not equal to.)"""
+    rng = np.random.default_rng(10 + seed)
+    n = 1 << 16
+    a, b = _random_f32(rng, n), _random_f32(rng, n)
+    m = n // 8
+    b[:4 * m] = (rng.random(4 * m) * 10.0 ** rng.integers(-30, 30, 4 * m)).astype(np.float32)
+    # quotients within 2 ULP of a power of two, below and above it
+    pw = np.float32(2.0) ** rng.integers(-60, 60, m).astype(np.float32)
+    with np.errstate(all="ignore"):
+        a[:m] = (pw.astype(np.float64) * b[:m] * (1 + rng.uniform(-2, 2, m) * 2.0 ** -23)).astype(np.float32)
+        a[m:2 * m] = (rng.standard_normal(m) * b[m:2 * m]).astype(np.float32)      # ordinary quotients
+        a[2 * m:3 * m] = (rng.integers(-300, 300, m) * b[2 * m:3 * m]).astype(np.float32)  # integer quotients
+    a[3 * m:4 * m] = _random_f32(rng, m) * np.float32(1e-38)  # subnormal dividends
+    b[4 * m:5 * m] = _random_f32(rng, m) * np.float32(1e-38)  # subnormal divisors
+    a[5 * m:5 * m + 64] = [0.0, -0.0, np.inf, -np.inf, np.nan] * 12 + [0.0] * 4
+    b[5 * m + 64:5 * m + 128] = [0.0, -0.0, np.inf, -np.inf, np.nan] * 12 + [0.0] * 4
+    p = np.where(rng.random(n) < 0.5, 0, rng.integers(-3, 4, n)).astype(np.int32)
+    raw = _run_division(dev, render_string(_CERTIFIED_TEST), "u32", a, b, p, 2 * n, "certified division test")
+    out = np.frombuffer(raw, np.uint32).reshape(n, 2)
+    q, certified = out[:, 0].view(np.float32), out[:, 1] == 1
+    with np.errstate(all="ignore"):
+        rn = a / b
+    finite = np.isfinite(a) & np.isfinite(b) & (a != 0) & (b != 0)
+    exact = q.view(np.uint32) == rn.view(np.uint32)
+    wrong = np.nonzero(certified & finite & ~exact)[0]
+    assert wrong.size == 0, (a[wrong[:4]], b[wrong[:4]], p[wrong[:4]], q[wrong[:4]], rn[wrong[:4]])
+    assert certified[~finite].all()  # special operands: oq_div_rn returns the device's quotient
+    # the exact quotients of ordinary operands (divisor in range, normal quotient) are certified
+    normal = finite & exact & (np.abs(b) >= 2.0 ** -126) & (np.abs(b) < 2.0 ** 126) \
+        & (np.abs(rn) >= 2.0 ** -126) & np.isfinite(rn)
+    assert certified[normal].mean() > 0.999, certified[normal].mean()
+    below = np.nonzero(finite & ~exact & (p != 0) & (np.abs(q.view(np.uint32) & 0x7FFFFF) == 0))[0]
+    assert below.size > 100  # perturbed quotients on powers of two, the true one below or above

@@ -651,6 +651,44 @@ def test_layer_normalization_within_bound(dev, index):
     assert np.all(np.abs(got - expected) <= 2 * bound)
 
 
+@pytest.mark.parametrize("d", [4, 16, 60, 68, 128, 256])
+def test_layer_normalization_serial_vec4_rows_give_the_workgroup_bits(best, d):
+    """Rows of D % 4 == 0 take the serial variant's vec4 path (X, Y and a Scale / B of a length
+    that is a multiple of 4 read as vec4, the quotients certified by a residual test): the
+    workgroup variant's bits for scale / bias over the whole row, over its last 4 or 2 positions
+    and scalar, with and without bias, and RMSNormalization's; a row whose quotients are
+    subnormal (not certified) is refined by oq_div_rn, and with CERTIFY_QUOTIENTS 0 every row is
+    (the redo path, for a device whose `/` is not correctly rounded): the same bits."""
+    from onnx_quant.backend_wgpu.session import Session
+
+    rng = np.random.default_rng(d)
+    x = (rng.normal(0, 2, size=(9, d)) + rng.normal(0, 3)).astype(f32)
+    # row 0: +-1e30 cancel to a mean of 0 and sd ~1e30, so (1e-10 - 0) / sd is subnormal: not certified
+    x[0] = np.concatenate([[1e30, -1e30], rng.uniform(1, 2, d - 2) * 1e-10]).astype(f32)
+    with np.errstate(under="ignore"):
+        q0 = x[0, 2:] / np.sqrt(np.float32((2 * np.float64(1e30) ** 2 / d)))
+    assert (np.abs(q0) < np.finfo(f32).tiny).any()
+    for width, with_bias in ((d, True), (4, True), (2, False), (1, True), (d, False)):
+        xw = x if width in (1, d) else x.reshape(9, d // width, width)  # Scale / B: X's trailing dims
+        scale = rng.normal(1, 0.5, size=width).astype(f32)
+        bias = rng.normal(0, 0.5, size=width).astype(f32) if with_bias else None
+        model = ln_model(xw, scale, bias, axis=1, extra_outputs=2 if with_bias else 0)
+        with Session(model, device=best, variants={"LayerNormalization": "serial"}) as s:
+            assert s.plans({"x": xw.shape})[0].derived["rowVec4"]
+        got = run_variants(best, model, {"x": xw}, expect=["serial", "workgroup"])
+        refined = run_variants(best, model, {"x": xw}, {"CERTIFY_QUOTIENTS": 0}, expect=["serial"])
+        assert np.array_equal(refined.view(np.uint32), got.view(np.uint32))  # every row through oq_div_rn
+        ref, mag = np_layer_norm(xw[1:], scale, bias, 1, f32(1e-5))
+        assert np.all(np.abs(got[1:] - ref) <= 2.0**-24 * (16 + d / 16) * mag)
+    rms = helper.make_model(helper.make_graph(
+        [helper.make_node("RMSNormalization", ["x", "scale"], ["y"], axis=-1)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(rng.normal(1, 0.5, size=d).astype(f32), "scale")]),
+        opset_imports=[helper.make_opsetid("", 23)])
+    run_variants(best, rms, {"x": x}, expect=["serial", "workgroup"])
+
+
 def test_layer_normalization_variants_both_apply_to_short_rows(best):
     x = np.random.default_rng(9).normal(size=(8, 40)).astype(f32)
     model = ln_model(x, np.ones(40, f32), np.zeros(40, f32))

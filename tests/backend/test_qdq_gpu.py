@@ -619,6 +619,44 @@ def test_quantize_ties_and_their_neighbours(best, x_type, y_type):
     _run_both(best, model, feeds, y_type, {"axis": 0}, variants=(None,))
 
 
+@pytest.mark.parametrize("x_type", ["int8", "uint8", "uint4", "int2", "float8e4m3fn", "float4e2m1", "float6e2m3"])
+@pytest.mark.parametrize("count", [4 * 111, 4 * 111 + 1, 4 * 111 + 3])
+def test_dequantize_per_tensor_float32_four_elements_a_step(best, x_type, count):
+    """per_tensor with float32 y and an x of at most 8 bits writes 4 elements of y per step from
+    one x word: at several words per invocation and workgroup sizes (the last invocation partly
+    past the end, the last step partial), the bits of the general variant and of the reference."""
+    model, feeds, expected = check_case(best, "DequantizeLinear", 25, x_type, "float32", "float32", (count,), "tensor",
+                                        zp=x_type not in F8 and x_type != "float4e2m1", seed=5)
+    plan = plan_for(best, model, feeds, variant="per_tensor")
+    assert plan.derived["quadSteps"], "the case is not the 4-element path"
+    for wg, words in ((256, 4), (8, 1), (16, 3), (32, 7)):
+        tun = {"WORKGROUP_SIZE": wg, "WORDS_PER_THREAD": words}
+        assert_same(run_gpu(best, model, feeds, variant="per_tensor", tunables=tun), expected, f"{x_type} {tun}")
+    assert_same(run_gpu(best, model, feeds, variant="general"), expected, f"{x_type} general")
+
+
+@pytest.mark.parametrize("y_type", ["uint8", "int16", "int4", "uint2"])
+@pytest.mark.parametrize("count", [4 * 331, 4 * 331 + 3])
+def test_per_tensor_redoes_ties_in_every_word_of_an_invocation(best, y_type, count):
+    """The per-tensor fast path marks the elements whose quotient lies near a half-integer in one
+    mask per invocation and redoes them after the invocation's words (a partial last word too):
+    ties in every position of every word, with several words per invocation (capped at 32
+    elements), all variants against the reference."""
+    rng = np.random.default_rng(11)
+    scale = np.float32(0.3)
+    k = rng.integers(-9, 9, count) + 0.5
+    x = (k * np.float64(scale)).astype(np.float32)
+    x[::3] = rng.standard_normal(x[::3].size).astype(np.float32) * 4  # between them, ordinary values
+    x[-1] = np.float32(2.5 * np.float64(scale))  # the last element (in the partial word: count % 4 == 3)
+    model = qdq_model("QuantizeLinear", 21, "float32", "float32", y_type, x.shape, (), True, {})
+    feeds = {"x": x, "s": np.array(scale, np.float32), "z": np.array(1, BY_NAME[y_type].dtype)}
+    expected = expected_outputs(model, feeds, y_type, {})
+    for words in (1, 3, 8, 32):
+        for variant in Q_VARIANTS:
+            tun = None if variant == "simple" else {"WORKGROUP_SIZE": 32, "WORDS_PER_THREAD": words}
+            assert_same(run_gpu(best, model, feeds, variant=variant, tunables=tun), expected, f"{variant} {tun}")
+
+
 @pytest.mark.parametrize("y_type", ["int8", "uint16", "float8e4m3fn", "float8e5m2fnuz", "float4e2m1", "float6e3m2"])
 @pytest.mark.parametrize("scale_type", ["float32", "bfloat16"])
 def test_int32_input_exact_division(best, y_type, scale_type):

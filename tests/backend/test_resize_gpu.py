@@ -242,3 +242,50 @@ def test_a_larger_resize(dev, mode):
         assert_same_bits(got, expected, "nearest 64x80 -> 200x150")
     else:
         assert check_close(got, expected, f"{mode} 64x80 -> 200x150") < 1e-6
+
+
+#: the rows variant on small shapes: workgroups of 8 and tiles of 3 rows x 3 columns, so that rows
+#: and columns end inside a tile; against word_per_invocation (every variant gives the same bits)
+_ROWS_SMALL = {"Resize": {"WORKGROUP_SIZE": 8, "ROWS_PER_INVOCATION": 3, "ROW_COLUMNS": 3}}
+#: (x shape, output sizes): both trailing axes, only H (vertical repeats: the row values reused),
+#: only W, rank 2 and 3, down along one axis
+_ROWS_SHAPES = [((1, 2, 5, 9), (1, 2, 11, 20)), ((2, 3, 7), (2, 7, 8)), ((1, 2, 3, 10), (1, 2, 8, 10)),
+                ((1, 1, 6, 8), (1, 1, 6, 13)), ((7, 9), (13, 17)), ((1, 2, 9, 19), (1, 2, 4, 9))]
+
+
+@pytest.mark.parametrize("mode,ctm,extra", [
+    ("nearest", "half_pixel", {}), ("nearest", "asymmetric", {"nearest_mode": "ceil"}),
+    ("nearest", "align_corners", {"nearest_mode": "round_prefer_ceil"}),
+    ("nearest", "half_pixel", {"nearest_mode": "floor", "exclude_outside": 1}),
+    ("nearest", "tf_crop_and_resize", {"extrapolation_value": -7.5, "exclude_outside": 1}),
+    ("linear", "half_pixel", {}), ("cubic", "tf_crop_and_resize", {"extrapolation_value": 2.5})])
+def test_rows_variant_gives_the_bits_of_word_per_invocation(dev, mode, ctm, extra):
+    from onnx_quant.backend_wgpu.session import Session
+
+    seen = set()
+    for k, (shape_in, shape_out) in enumerate(_ROWS_SHAPES):
+        x = data(shape_in, seed=20 + k)
+        roi = None
+        if ctm == "tf_crop_and_resize":  # crops and reaches outside along both trailing axes
+            lo, hi = [0.0] * len(shape_in), [1.0] * len(shape_in)
+            lo[-2:], hi[-2:] = [0.2, -0.1], [0.9, 1.3]
+            roi = np.array(lo + hi, np.float32)
+        model = resize_model(np.float32, mode=mode, coordinate_transformation_mode=ctm, roi=roi,
+                             sizes=np.array(shape_out, np.int64), **extra)
+        got = {}
+        for variant in ("rows", "word_per_invocation"):
+            with Session(model, device=dev, allow_host_fallback=False, variants={"Resize": variant},
+                         tunables=_ROWS_SMALL) as s:
+                (plan,) = s.plans({"x": shape_in})
+                assert plan.variant == variant
+                got[variant] = s.run(None, {"x": x})[0]
+                seen.update((bool(a[2]), bool(a[3])) for a in plan.derived["tapAxes"])
+        what = f"{mode} {ctm} {extra} {shape_in}->{shape_out}"
+        assert_same_bits(got["rows"], got["word_per_invocation"], what)
+        if mode == "nearest":
+            assert_same_bits(got["rows"], reference(model, x), what)
+    # the cases reach what the nearest tile code specialises on: zero weights (exclude_outside), outside flags
+    if mode == "nearest" and extra.get("exclude_outside"):
+        assert any(weights for weights, _ in seen), seen
+    if mode == "nearest" and ctm == "tf_crop_and_resize":
+        assert any(outside for _, outside in seen), seen
