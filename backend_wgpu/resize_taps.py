@@ -297,14 +297,16 @@ def resize_tables(in_shape: Sequence[int], out_shape: Sequence[int], mode: str, 
                   roi_dtype: str) -> tuple:
     """The expression function ``resizeTables(...)`` (Resize's and Upsample's derive): the tables of
     every resized axis as plan-time data, and what the main pass's source needs of them, apart:
-    ``(axes, offsets, words, word count, ok)``, ``axes`` the structure the shader is specialised on (per
+    ``(axes, offsets, words, word count, ok, taps per output)``, ``axes`` the structure the shader is specialised on (per
     resized axis: (axis, taps, has weights, has outside flags), all ints: constants, in the
     pipeline key), ``offsets`` where its parts start in ``words`` (per resized axis: (index,
     weight, outside), 0 where absent: runtime uniforms), ``words`` the u32 table (the ``data`` of
     the ``tables`` intermediate); ``ok`` is false when the settings give no tables (an unknown
-    mode, a size the scales do not give): the spec's when clauses decline those."""
+    mode, a size the scales do not give): the spec's when clauses decline those; ``taps per
+    output`` the product of the axes' taps, the iterations of one output's tap loops (antialias
+    downscales widen the taps with the scale: the spec declines what llvmpipe's loop cap cuts)."""
     if any(int(o) > MAX_TABLE_ROWS for i, o in zip(in_shape, out_shape) if int(o) != int(i)):
-        return ((), (), (), 0, False)  # checked before numpy allocates the rows (scales 1e9: 15 GiB)
+        return ((), (), (), 0, False, 0)  # checked before numpy allocates the rows (scales 1e9: 15 GiB)
     try:
         taps = resize_axes(in_shape, out_shape, mode=mode, scales=scales, sizes=sizes, roi=roi, roi_dtype=roi_dtype,
                            axes=axes, coordinate_transformation_mode=ctm, nearest_mode=nearest_mode,
@@ -312,7 +314,7 @@ def resize_tables(in_shape: Sequence[int], out_shape: Sequence[int], mode: str, 
                            keep_aspect_ratio_policy=policy, legacy=legacy)
         table = tap_table(taps, in_shape, mode == "nearest")
     except (ValueError, ZeroDivisionError, IndexError, TypeError, OverflowError):
-        return ((), (), (), 0, False)
+        return ((), (), (), 0, False, 0)
     shape = tuple((t.axis, t.taps, int(t.axis in table.weight), int(t.axis in table.outside)) for t in taps)
     offsets = tuple((table.index[t.axis], table.weight.get(t.axis, 0), table.outside.get(t.axis, 0)) for t in taps)
-    return (shape, offsets, tuple(table.words), len(table.words), True)
+    return (shape, offsets, tuple(table.words), len(table.words), True, math.prod(t.taps for t in taps))

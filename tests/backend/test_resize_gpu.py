@@ -143,6 +143,22 @@ def test_interpolation_of_other_types_is_declined(dev, dtype):
         run(dev, model, np.ones((1, 1, 2, 2), dtype))
 
 
+@pytest.mark.parametrize("mode, n, out", [("linear", 100, 2), ("cubic", 60, 2)])
+def test_an_antialiased_downscale_sums_every_tap_or_is_declined(dev, mode, n, out):
+    """Antialias widens the taps with the scale: up to MAX_TAP_ITERATIONS per output the sums are
+    onnx.reference's; beyond, the node is declined (llvmpipe stops an invocation after 65535 loop
+    iterations: a 2048 -> 4 linear downscale summed a fraction of its 1024 x 1024 taps)."""
+    from onnx_quant.errors import ExecutionError
+
+    sizes = np.array([1, 1, out, out], np.int64)
+    model = resize_model(np.float32, opset=18, sizes=sizes, mode=mode, antialias=1)
+    x = data((1, 1, n, n))
+    check_close(run(dev, model, x), reference(model, x), f"{mode} {n} -> {out}")
+    big = data((1, 1, 8 * n, 8 * n))
+    with pytest.raises(ExecutionError, match="tapsFit"):
+        run(dev, model, big)
+
+
 @pytest.mark.parametrize("policy", ["stretch", "not_larger", "not_smaller"])
 @pytest.mark.parametrize("axes", [[2, 3], [3, 2], [3], [1, 3]])
 def test_axes_and_keep_aspect_ratio_policy(dev, policy, axes):
