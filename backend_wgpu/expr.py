@@ -63,7 +63,7 @@ _TWO_PART = ("shapes", "ranks", "tunables", "attrs", "dtypes", "present", "value
 #: Function name -> (minimum, maximum or None) argument count.
 FUNCTIONS: dict[str, tuple[int, int | None]] = {
     "numel": (1, 3), "ceilDiv": (2, 2), "min": (1, None), "max": (1, None), "bits": (1, 1),
-    "slice": (2, 3), "lastNonUnit": (1, 1), "rowStrides": (1, 1), "broadcastStrides": (2, 2), "nonzeroIndices": (1, 1), "listLength": (1, 1), "convWindows": (5, 5), "sliceMap": (5, 5), "divMagic": (1, 1), "resizeTables": (15, 15),
+    "slice": (2, 3), "lastNonUnit": (1, 1), "rowStrides": (1, 1), "broadcastStrides": (2, 2), "nonzeroIndices": (1, 1), "listLength": (1, 1), "convWindows": (5, 5), "samePadTotals": (5, 5), "sliceMap": (5, 5), "divMagic": (1, 1), "resizeTables": (15, 15),
     "padMap": (4, 4), "tileMap": (2, 2), "einsumMap": (2, 2),
     "dftTwiddles": (1, 1), "melBins": (7, 7),
 }

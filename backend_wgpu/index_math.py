@@ -121,6 +121,17 @@ def conv_windows(image: tuple, block: tuple, dilations: tuple, pads: tuple, stri
                  for d in range(n))
 
 
+def same_pad_totals(image: tuple, out: tuple, kernel: tuple, strides: tuple, dilations: tuple) -> tuple:
+    """auto_pad SAME_*'s total padding per spatial axis (empty ``strides``, ``dilations``: 1),
+    before any clamping: (out - 1) * stride + (kernel - 1) * dilation + 1 - image. A stride beyond
+    the window can make it negative, where ONNX leaves the result open and the runtimes part."""
+    n = len(image)
+    strides, dilations = strides or (1,) * n, dilations or (1,) * n
+    if not (len(out) == len(kernel) == len(strides) == len(dilations) == n):
+        raise ValueError("needs image, out, kernel, strides and dilations of one length")
+    return tuple((out[d] - 1) * strides[d] + (kernel[d] - 1) * dilations[d] + 1 - image[d] for d in range(n))
+
+
 def pad_map(shape: tuple, pads: tuple, axes: tuple, mode: str) -> tuple:
     """``padMap(shape, pads, axes, mode)``: Pad as a map over the output's axes for the shader,
     ``[ok, lens, dims, ins, begins, strides, padded, wide]``: ``pads`` are ``[begin.., end..]`` over
@@ -196,6 +207,6 @@ def tile_map(ins: tuple, outs: tuple) -> tuple:
 #: the spec expressions' functions computed here (backend_wgpu/expr.py): name -> function
 SPEC_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "lastNonUnit": last_non_unit, "rowStrides": row_strides, "broadcastStrides": broadcast_strides,
-    "convWindows": conv_windows, "sliceMap": slice_map, "padMap": pad_map, "tileMap": tile_map,
+    "convWindows": conv_windows, "samePadTotals": same_pad_totals, "sliceMap": slice_map, "padMap": pad_map, "tileMap": tile_map,
     "einsumMap": einsum_map,
 }

@@ -67,7 +67,7 @@ def measure(model: onnx.ModelProto, feeds: dict[str, np.ndarray], *, repeat: int
     reports = tuning.tune(lambda **kw: Session(data, device=device, **kw), feeds, table, force=True)
     result: dict = {"device": device.info.name, "model": "dynamic MLP 4 x 256x256, x [3, 9, 256]",
                     "tune_s": time.perf_counter() - t0, "keys": [r.as_json() for r in reports], "configs": {}}
-    configs = {"static (fused by rule)": {"use_tuning_cache": False},
+    configs = {"static rules (no tuning)": {"use_tuning_cache": False},
                "fuse_dynamic=False": {"use_tuning_cache": False, "fuse_dynamic": False},
                "tuned (the table above)": {}}
     sessions = {name: Session(data, device=device, **kw) for name, kw in configs.items()}
