@@ -121,7 +121,8 @@ class HostNode:
 class Compiled:
     """:func:`compile`'s result: the plan; the host nodes in graph order (what the Session's
     warn-or-refuse policy reads); inference's values for the binding (name -> TensorInfo: the
-    host nodes' output sizes); ``keyed``: the inputs phase 0 keyed the plan on (empty unless it did)."""
+    host nodes' output sizes); ``keyed``: the inputs the plan is keyed on the contents of (those
+    given and those phase 0 added; empty unless it is)."""
 
     plan: GraphPlan
     host: tuple[HostNode, ...]
@@ -166,18 +167,20 @@ def compile(graph: ModelGraph, device: DeviceInfo | Mapping[str, Any], shapes: M
     key = shape_key(shapes) if key is None else key
     input_values = dict(input_values or {})
     values = infer_binding(graph, shapes, input_values)
-    if feeds is not None and any(info.elem_type == 0 or info.shape is None for info in values.values()):
+    if feeds is not None and any((info.elem_type == 0 or info.shape is None) and not hasattr(info, "type_proto")
+                                 for info in values.values()):  # (a sequence's type is no tensor's)
         check_shapes_fit(graph.source_model, shapes, input_values)  # a run refuses them; explain lists what they leave
-    keyed: tuple[str, ...] = ()
-    if not input_values and feeds is not None:
-        for _ in range(MAX_KEYING_ROUNDS):  # a value known may show the next one needed (a position after a position)
+    keyed = tuple(input_values)
+    if feeds is not None:
+        # a value known may show the next one needed (a position after a position; the contents
+        # of a sequence feed that other positions pick from): up to MAX_KEYING_ROUNDS rounds
+        for _ in range(MAX_KEYING_ROUNDS):
             wanted = tuple(n for n in value_keyed_inputs(graph.nodes, values, graph.inputs) if n not in input_values)
             given = {n: feeds[n] for n in wanted if isinstance(feeds.get(n), np.ndarray)}
             if not wanted or len(given) != len(wanted):
                 break
-            keyed, input_values = keyed + wanted, {**input_values, **given}
+            keyed, input_values, key = keyed + wanted, {**input_values, **given}, key + value_key(wanted, given)
             values = infer_binding(graph, shapes, input_values)
-        key = key + value_key(keyed, input_values)
     placed = place(graph.nodes, values)
     live = live_nodes(graph.nodes, placed.kinds, graph.outputs)
     folded = {k: v for i, fv in placed.folded_by_node.items() if i in live for k, v in fv.items()}
@@ -600,7 +603,10 @@ class _Scheduler:
             else:
                 self.on_host.add(r)
             step_inputs.append((n, r, self.alias[n][1]))
-        if any(r in self.open_produced for _, r, _ in step_inputs):
+        # a fed DeviceValue reaches its buffer by a copy at the head of the first segment: a step
+        # holding a view of a feed's buffer comes after that segment
+        if any(r in self.open_produced for _, r, _ in step_inputs) or \
+                self.segments == 0 and any(self.roots[r].origin == "feed" for r in device_inputs):
             self.flush()
         outs = tuple(o for o in node.output if o)
         types = tuple(getattr(values.get(o), "elem_type", 0) or 0 for o in outs)

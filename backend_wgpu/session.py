@@ -492,7 +492,7 @@ class Session:
         if self.stats.plans == 0:
             self.cold_start.phase("plan")
         if compiled.keyed:  # phase 0: from now on this binding keys on those inputs' contents
-            self._value_keyed[key] = compiled.keyed
+            self._value_keyed[gp.shape_key(shapes)] = compiled.keyed
         self._host_policy(compiled, shapes)
         return compiled.plan
 

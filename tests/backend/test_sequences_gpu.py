@@ -282,3 +282,32 @@ def test_a_rank_0_device_value_keeps_its_rank(best):
     sequence came back [1] once)."""
     v = DeviceValue.from_numpy(np.array(2.5, np.float32), best)
     assert v.dims == () and v.numpy().shape == () and float(v.numpy()) == 2.5
+
+
+def test_a_fed_device_value_in_a_sequence_is_read_after_its_copy(best):
+    """A fed DeviceValue reaches the plan's buffer by a copy at the head of the first segment; a
+    sequence step holding a view of that buffer comes after it. (ConcatFromSequence ran its own
+    submit before the parent's first one and concatenated the previous run's bits, zeros at first.)"""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("SequenceConstruct", ["x"], ["s0"]),
+             helper.make_node("SequenceInsert", ["s0", "x"], ["s"]),
+             helper.make_node("ConcatFromSequence", ["s"], ["c"], axis=0)]
+    model = make_model(nodes, [vi("x", F, [4])], ["c", "r"], opset=17)
+    session = Session(model, device=best, allow_host_fallback=False)
+    for k in range(3):
+        x = np.arange(4, dtype=np.float32) - 1.5 + k
+        c, r = session.run(None, {"x": DeviceValue.from_numpy(x, best)})
+        assert_same(c, np.concatenate([x, x]))
+        assert_same(r, np.maximum(x, np.float32(0)))
+
+
+def test_the_positions_a_plan_is_keyed_on_grow_with_what_they_pick(best):
+    """Same shapes, other positions: after insert and erase the elements are alike at first (the
+    read needs no position), then differ (SequenceAt's position must key the plan too): the
+    binding's keyed inputs grow instead of planning the read at an unknown shape."""
+    model = _program(F)
+    session = Session(model, device=best, allow_host_fallback=False)
+    a, b, t = (np.full(shape, v, np.float32) for shape, v in (((1, 3), 1), ((1, 1), 2), ((1, 3), 3)))
+    for p, q, k, width in ((0, 2, 1, 6), (0, 0, 1, 4), (0, 0, 0, 4)):
+        feeds = {"s": [a, b], "t": t, "p": np.array(p), "q": np.array(q), "k": np.array(k),
+                 "sp": np.array([1, width - 1], np.int64)}
+        assert_same(session.run(None, feeds), _spec(feeds))
