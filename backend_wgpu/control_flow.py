@@ -1,8 +1,10 @@
-"""If, Loop and Scan: the host decides, the bodies run on the GPU.
+"""If, Loop, Scan and SequenceMap: the host decides, the bodies run on the GPU.
 
-An ``If``, ``Loop`` or ``Scan`` (9 on; Scan-8's batch axis is not taken) node is a step of the host schedule (like a host node, but no host
-fallback): its inputs are read back (for a condition the plan folded, nothing is read), the host
-picks the branch or runs the loop's iterations, and each body runs through a
+An ``If``, ``Loop``, ``Scan`` (9 on; Scan-8's batch axis is not taken) or ``SequenceMap`` node is a
+step of the host schedule (like a host node, but no host fallback): its inputs are read back (for a
+condition the plan folded, nothing is read; a sequence is the list of device values it is,
+sequences.py), the host picks the branch, runs the loop's iterations or maps the body over the
+sequences' elements, and each body runs through a
 :class:`~onnx_quant.backend_wgpu.session.Session` of its own on the same device, built once per
 body: the body graph as a model whose inputs are the body's own inputs and the outer-scope values
 it reads (the parent's initializers and Constants it reads become the body model's initializers,
@@ -27,8 +29,9 @@ from onnx_quant.dtypes import element_type
 from onnx_quant.errors import ExecutionError, QuantError, in_context
 
 from .graph_index import free_names, with_nested
+from .sequences import to_host
 
-CONTROL_OPS = frozenset({"If", "Loop", "Scan"})
+CONTROL_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 #: what placement says of an If / Loop / Scan
 CONTROL_WHY = "control flow: the host reads the condition and runs the chosen body on the GPU"
 #: iterations a Loop may run when neither its trip count nor its condition stops it sooner
@@ -53,10 +56,29 @@ def body_overrides(model: onnx.ModelProto, tunables: Mapping[str, Any], variants
             "variants": {k: v for k, v in variants.items() if k in names}}
 
 
-def _value_info(name: str, value: np.ndarray) -> onnx.ValueInfoProto:
-    """A graph input typed like ``value``, every dim anonymous (the body's plans bind them)."""
+def _anonymous(tp: onnx.TypeProto) -> onnx.TypeProto:
+    """``tp`` with every dim of its tensors anonymous (a body's plans bind them)."""
+    out = onnx.TypeProto()
+    out.CopyFrom(tp)
+    inner = out
+    while inner.WhichOneof("value") in ("sequence_type", "optional_type"):
+        inner = getattr(inner, inner.WhichOneof("value")).elem_type
+    if inner.HasField("tensor_type") and inner.tensor_type.HasField("shape"):
+        for d in inner.tensor_type.shape.dim:
+            d.Clear()
+    return out
+
+
+def _value_info(name: str, value: Any, info: Any = None) -> onnx.ValueInfoProto:
+    """A graph input typed like ``value`` (an array or DeviceValue), every dim anonymous (the
+    body's plans bind them); a sequence or optional as inference types it (``info``)."""
+    if getattr(info, "type_proto", None) is not None:
+        return helper.make_value_info(name, _anonymous(info.type_proto))
+    if isinstance(value, (list, tuple)) or value is None:
+        raise ExecutionError(f"value {name!r}: a sequence or optional whose type is not known")
     code = element_type(value.dtype).code
-    return helper.make_tensor_value_info(name, code, [None] * np.asarray(value).ndim)
+    return helper.make_tensor_value_info(name, code, [None] * len(np.shape(value) if not hasattr(value, "dims")
+                                                                else value.dims))
 
 
 class ControlFlow:
@@ -64,10 +86,12 @@ class ControlFlow:
     values its bodies read, by name) and returns its outputs."""
 
     def __init__(self, info: Any, model: onnx.ModelProto, constants: Mapping[str, np.ndarray],
-                 make_session: Callable[[onnx.ModelProto], Any], absorb: Callable[[Mapping[str, Any]], None]):
+                 make_session: Callable[[onnx.ModelProto], Any], absorb: Callable[[Mapping[str, Any]], None],
+                 types: Mapping[str, Any] | None = None):
         self.info = info
         self.model = model
         self.constants = constants
+        self.types = types or {}  # the parent's static values: the types of the sequences a body reads
         self.make_session = make_session
         self.absorb = absorb
         self.bodies = {a.name: a.g for a in info.node.attribute if a.type == onnx.AttributeProto.GRAPH}
@@ -93,20 +117,22 @@ class ControlFlow:
         g.name = f"{self.info.label}_{attr}"
         del g.input[:]
         for decl, value in zip(body.input, explicit):
-            declared = decl.type.HasField("tensor_type") and decl.type.tensor_type.elem_type
+            declared = not decl.type.HasField("tensor_type") or decl.type.tensor_type.elem_type
             g.input.append(decl if declared else _value_info(decl.name, value))
         inputs = [i.name for i in body.input]
         for name in free_names(body):
             if name in self.constants:  # a weight of the parent: uploaded once, with the body's plans
                 g.initializer.append(numpy_helper.from_array(np.asarray(self.constants[name]), name))
             elif name in outer:
-                g.input.append(_value_info(name, np.asarray(outer[name])))
+                g.input.append(_value_info(name, outer[name], self.types.get(name)))
                 inputs.append(name)
             else:
                 raise self._fail(f"its {attr} reads {name!r}, which the outer graph does not give it")
         for o in g.output:  # the branch's plans decide the shapes; types as declared
             if o.type.HasField("tensor_type"):
                 o.type.tensor_type.ClearField("shape")
+            else:
+                o.type.CopyFrom(_anonymous(o.type))
         imports = list(self.model.opset_import)
         child = helper.make_model(g, opset_imports=imports, ir_version=self.model.ir_version,
                                   functions=list(self.model.functions))
@@ -117,12 +143,17 @@ class ControlFlow:
         self._sessions[attr] = (session, inputs)
         return self._sessions[attr]
 
-    def _run_body(self, attr: str, explicit: list[np.ndarray], outer: Mapping[str, Any]) -> list[np.ndarray]:
+    def _run_body(self, attr: str, explicit: list[Any], outer: Mapping[str, Any]) -> list[Any]:
+        """One run of a body. Its sequences and optionals stay on the device (each element a
+        DeviceValue of its own: a Loop's carried sequence copies only what an iteration adds),
+        and so do SequenceMap's outputs, the elements of its sequences."""
         session, names = self._body(attr, explicit, outer)
         feeds = dict(zip(names, explicit))
         feeds.update({n: outer[n] for n in names[len(explicit):]})
+        keep = [vo.name for vo in self.bodies[attr].output
+                if self.info.node.op_type == "SequenceMap" or vo.type.WhichOneof("value") not in (None, "tensor_type")]
         try:
-            outs = session.run(None, feeds)
+            outs = session.run(None, feeds, device_outputs=keep)
         except QuantError as e:
             raise self._fail(f"{attr}: {e}", e) from None
         self.absorb(session.last_run_stats)
@@ -137,7 +168,25 @@ class ControlFlow:
             return self._run_body("then_branch" if bool(cond.reshape(-1)[0]) else "else_branch", [], feeds)
         if node.op_type == "Scan":
             return self._scan(feeds)
+        if node.op_type == "SequenceMap":
+            return self._sequence_map(feeds)
         return self._loop(feeds)
+
+    def _sequence_map(self, feeds: Mapping[str, Any]) -> list[Any]:
+        """The body once per element of the sequence inputs (a tensor input given whole to each
+        run), each output collected into a sequence."""
+        node = self.info.node
+        values = [feeds[n] for n in node.input]
+        n = len(values[0])
+        if any(isinstance(v, list) and len(v) != n for v in values):
+            raise self._fail(f"its sequences have {sorted({len(v) for v in values if isinstance(v, list)})} "
+                             "elements, expected one count")
+        outs: list[list[Any]] = [[] for _ in node.output]
+        for i in range(n):
+            results = self._run_body("body", [v[i] if isinstance(v, list) else v for v in values], feeds)
+            for k, o in enumerate(results):
+                outs[k].append(o)
+        return outs
 
     def _scan(self, feeds: Mapping[str, Any]) -> list[Any]:
         """Scan-9 on: the scan inputs sliced along their axes (reversed where asked), the state
@@ -145,7 +194,7 @@ class ControlFlow:
         node = self.info.node
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.type != onnx.AttributeProto.GRAPH}
         m = int(attrs["num_scan_inputs"])
-        values = [np.asarray(feeds[n]) for n in node.input]
+        values = [np.asarray(to_host(feeds[n])) for n in node.input]
         state, xs = values[:len(values) - m], values[len(values) - m:]
         in_axes = [a % x.ndim if x.ndim else 0 for a, x in zip(attrs.get("scan_input_axes", [0] * m), xs)]
         in_dirs = list(attrs.get("scan_input_directions", [0] * m))
@@ -178,9 +227,9 @@ class ControlFlow:
     def _loop(self, feeds: Mapping[str, Any]) -> list[Any]:
         node = self.info.node
         ins = list(node.input) + [""] * max(0, 2 - len(node.input))
-        trips = None if not ins[0] else int(np.asarray(feeds[ins[0]]).reshape(-1)[0])
-        cond = True if not ins[1] else bool(np.asarray(feeds[ins[1]]).reshape(-1)[0])
-        carried = [np.asarray(feeds[n]) for n in ins[2:]]
+        trips = None if not ins[0] else int(np.asarray(to_host(feeds[ins[0]])).reshape(-1)[0])
+        cond = True if not ins[1] else bool(np.asarray(to_host(feeds[ins[1]])).reshape(-1)[0])
+        carried = [feeds[n] for n in ins[2:]]  # arrays, device values, sequences (lists), optionals
         body = self.bodies.get("body")
         if body is None:
             raise self._fail("has no body graph")
@@ -196,7 +245,7 @@ class ControlFlow:
             explicit = [np.array(i, np.int64), np.array(cond, np.bool_), *carried]
             outs = self._run_body("body", explicit, feeds)
             cond = bool(np.asarray(outs[0]).reshape(-1)[0])
-            carried = [np.asarray(o) for o in outs[1:1 + len(carried)]]
+            carried = list(outs[1:1 + len(carried)])
             for k, o in enumerate(outs[1 + len(carried):]):
                 scans[k].append(np.asarray(o))
             i += 1

@@ -43,12 +43,13 @@ class DeviceValue:
     @classmethod
     def from_numpy(cls, array: np.ndarray, device, onnx_type: str | None = None) -> "DeviceValue":
         """Upload a host array (its ONNX type from its dtype unless given)."""
+        shape = np.shape(array)  # np.ascontiguousarray makes a rank-0 array [1]
         arr = np.ascontiguousarray(array)
         onnx_type = onnx_type or element_type(arr.dtype).name
         data = pack_array(arr, onnx_type)
-        buf = device.allocate(len(memoryview(data).cast("B")), label=f"device value {onnx_type}{list(arr.shape)}")
+        buf = device.allocate(len(memoryview(data).cast("B")), label=f"device value {onnx_type}{list(shape)}")
         device.upload(buf, data)
-        return cls(device, buf, onnx_type, arr.shape)
+        return cls(device, buf, onnx_type, shape)
 
     @classmethod
     def borrowed(cls, device, buffer, onnx_type: str, dims: tuple[int, ...]) -> "DeviceValue":
@@ -69,6 +70,11 @@ class DeviceValue:
     @property
     def released(self) -> bool:
         return self._buffer is None
+
+    @property
+    def owned(self) -> bool:
+        """Whether the value owns its buffer (False for a borrowed view of a plan's buffer)."""
+        return self._buffer is not None and self._finalizer.alive
 
     @property
     def dtype(self) -> np.dtype:

@@ -614,8 +614,14 @@ def run_graph(
         prep.staging = res.allocate(need, label="read-back staging", kind="staging")
         prep.staging_size = prep.staging.size
 
-    def upload_root(name: str, arr: np.ndarray) -> None:
+    def upload_root(name: str, arr: Any) -> None:
         r = gplan.roots[name]
+        if isinstance(arr, DeviceValue):  # a tensor a sequence step gives: copied device-to-device
+            if arr.dims != tuple(r.shape or ()) or arr.onnx_type != r.onnx_type:
+                raise ExecutionError(f"value {name!r}: the plan expects {r.onnx_type} {list(r.shape or ())}, "
+                                     f"found {arr.onnx_type} {list(arr.dims)}")
+            pending.append(("copy", arr.buffer, 0, prep.slots[gplan.slot_of[name]], 0, max(4, r.nbytes)))
+            return
         arr = np.asarray(arr)
         data = pack_array(arr, r.onnx_type)
         n = len(memoryview(data).cast("B"))

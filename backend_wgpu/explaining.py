@@ -92,7 +92,7 @@ def shape_diagnostics(user_model: onnx.ModelProto, shapes: dict[str, tuple[int, 
     from ..inference.engine import infer  # noqa: PLC0415
 
     try:
-        at = infer(user_model, input_shapes={k: list(v) for k, v in shapes.items()}, strict=False).diagnostics
+        at = infer(user_model, input_shapes=dict(shapes), strict=False).diagnostics
         if not at:
             return []
         declared = {str(d) for d in infer(user_model, strict=False).diagnostics}

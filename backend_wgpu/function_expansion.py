@@ -27,7 +27,9 @@ import onnx
 import onnx.inliner
 from onnx import helper
 
+from .control_flow import is_control
 from .passes import PassResult, RewritePass
+from .sequences import SEQUENCE_OPS
 from .verdict import DEFAULT_DOMAINS, VIEW_OPS, host_only_reason
 
 #: the private domain each expanded node's function is called through until it is inlined
@@ -70,7 +72,10 @@ def body_without_kernels(specs: Any, body: onnx.FunctionProto, model_versions: M
 
 
 def _type_proto(info: Any) -> onnx.TypeProto:
-    """A TypeProto of a static value (element type; the shape where the rank is known)."""
+    """A TypeProto of a static value (element type; the shape where the rank is known; a
+    sequence's or optional's own)."""
+    if getattr(info, "type_proto", None) is not None:
+        return info.type_proto
     if info is None or not info.elem_type:
         return onnx.TypeProto()
     shape = None if info.shape is None else [d if isinstance(d, int) else None for d in info.shape]
@@ -114,8 +119,9 @@ class ExpandFunctions(RewritePass):
         for i, node in enumerate(model.graph.node):
             domain = "" if node.domain in DEFAULT_DOMAINS else node.domain
             version = versions.get(domain)
-            if version is None or host_only_reason(domain, node.op_type):
-                continue
+            if version is None or host_only_reason(domain, node.op_type) or \
+                    is_control(domain, node.op_type, version) or domain == "" and node.op_type in SEQUENCE_OPS:
+                continue  # steps of the schedule of their own (control_flow.py, sequences.py)
             if self.specs.find(domain, node.op_type, version) is None:
                 out.append((i, node, version))
         return out

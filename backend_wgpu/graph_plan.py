@@ -40,12 +40,13 @@ from onnx_quant.errors import ExecutionError, InferenceError, KernelRejected, Qu
 
 from . import data_dependent as dd
 from ..inference import infer_values
+from ..inference.sequences import Elements
 from .device_info import DeviceInfo
 from .graph_index import attributes, concrete
 from .index_check import node_id_data
 from .packing import device_nbytes
 from .placement import (
-    ModelFacts, NodeInfo, classify, live_nodes, node_overrides, op_name, place, placement_report,
+    HOST_KINDS, ModelFacts, NodeInfo, classify, live_nodes, node_overrides, op_name, place, placement_report,
 )
 from .plan import GpuStep, GraphPlan, HostStep, Lifetime, RootValue, Segment
 from .planner import plan_node
@@ -120,7 +121,8 @@ class HostNode:
 class Compiled:
     """:func:`compile`'s result: the plan; the host nodes in graph order (what the Session's
     warn-or-refuse policy reads); inference's values for the binding (name -> TensorInfo: the
-    host nodes' output sizes); ``keyed``: the inputs phase 0 keyed the plan on (empty unless it did)."""
+    host nodes' output sizes); ``keyed``: the inputs the plan is keyed on the contents of (those
+    given and those phase 0 added; empty unless it is)."""
 
     plan: GraphPlan
     host: tuple[HostNode, ...]
@@ -128,9 +130,19 @@ class Compiled:
     keyed: tuple[str, ...] = ()
 
 
-def shape_key(shapes: Mapping[str, Sequence[int]]) -> tuple:
+def input_shape(shape: Any) -> Any:
+    """A graph input's shape as plans take it: a tuple of ints; a sequence input's elements'
+    shapes (``Elements``); an optional input's value's, or None when it is empty."""
+    if shape is None:
+        return None
+    if isinstance(shape, Elements):
+        return Elements(input_shape(s) for s in shape)
+    return tuple(int(d) for d in shape)
+
+
+def shape_key(shapes: Mapping[str, Any]) -> tuple:
     """The part of a plan's key its input shapes make."""
-    return tuple(sorted((k, tuple(int(d) for d in v)) for k, v in shapes.items()))
+    return tuple(sorted((k, input_shape(v)) for k, v in shapes.items()))
 
 
 def value_key(keyed: Sequence[str], given: Mapping[str, np.ndarray]) -> tuple:
@@ -151,18 +163,23 @@ def compile(graph: ModelGraph, device: DeviceInfo | Mapping[str, Any], shapes: M
     that does not apply, a tensor beyond the device's limits; never warns, never refuses a host
     node (the caller's policy, over :attr:`Compiled.host`)."""
     device = device_facts(device)
-    shapes = {k: tuple(v) for k, v in shapes.items()}
+    shapes = {k: input_shape(v) for k, v in shapes.items()}
     key = shape_key(shapes) if key is None else key
     input_values = dict(input_values or {})
     values = infer_binding(graph, shapes, input_values)
-    if feeds is not None and any(info.elem_type == 0 or info.shape is None for info in values.values()):
+    if feeds is not None and any((info.elem_type == 0 or info.shape is None) and not hasattr(info, "type_proto")
+                                 for info in values.values()):  # (a sequence's type is no tensor's)
         check_shapes_fit(graph.source_model, shapes, input_values)  # a run refuses them; explain lists what they leave
-    keyed: tuple[str, ...] = ()
-    if not input_values and feeds is not None:
-        wanted = value_keyed_inputs(graph.nodes, values, graph.inputs)
-        given = {n: feeds[n] for n in wanted if isinstance(feeds.get(n), np.ndarray)}
-        if wanted and len(given) == len(wanted):
-            keyed, key, input_values = wanted, key + value_key(wanted, given), given
+    keyed = tuple(input_values)
+    if feeds is not None:
+        # a value known may show the next one needed (a position after a position; the contents
+        # of a sequence feed that other positions pick from): up to MAX_KEYING_ROUNDS rounds
+        for _ in range(MAX_KEYING_ROUNDS):
+            wanted = tuple(n for n in value_keyed_inputs(graph.nodes, values, graph.inputs) if n not in input_values)
+            given = {n: feeds[n] for n in wanted if isinstance(feeds.get(n), np.ndarray)}
+            if not wanted or len(given) != len(wanted):
+                break
+            keyed, input_values, key = keyed + wanted, {**input_values, **given}, key + value_key(wanted, given)
             values = infer_binding(graph, shapes, input_values)
     placed = place(graph.nodes, values)
     live = live_nodes(graph.nodes, placed.kinds, graph.outputs)
@@ -199,7 +216,7 @@ def infer_binding(graph: ModelGraph, shapes: Mapping[str, tuple], input_values: 
     as the runtimes compute it (a graph output whose declared shape contradicts what the model
     computes gets the computed one, as onnxruntime does), the padded NonZero outputs completed."""
     try:
-        values = infer_values(graph.model, {k: list(v) for k, v in shapes.items()}, strict=False,
+        values = infer_values(graph.model, dict(shapes), strict=False,
                               input_values=dict(input_values) or None, declared_outputs_win=False,
                               runtime=True)
     except QuantError as e:
@@ -215,7 +232,7 @@ def check_shapes_fit(source_model: onnx.ModelProto, shapes: Mapping[str, tuple],
     size the model was not made for) is the error, naming the user's node and the rule rather
     than a fused op downstream whose type is unknown."""
     try:
-        infer_values(source_model, {k: list(v) for k, v in shapes.items()}, strict=True,
+        infer_values(source_model, dict(shapes), strict=True,
                      input_values=dict(input_values) or None, declared_outputs_win=False, runtime=True)
     except InferenceError as e:
         if e.rule != "output-type":  # a declaration the graph contradicts is not the shapes' fault
@@ -229,6 +246,9 @@ def check_shapes_fit(source_model: onnx.ModelProto, shapes: Mapping[str, tuple],
 
 #: elements a graph input may have for a plan to be keyed on its contents
 MAX_VALUE_KEY_ELEMENTS = 64
+#: rounds of keying (each infers again with the values found): a chain of positions, each known
+#: only once the one before is
+MAX_KEYING_ROUNDS = 4
 VALUE_KEY_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16,
                              onnx.TensorProto.INT8, onnx.TensorProto.UINT64, onnx.TensorProto.UINT32,
                              onnx.TensorProto.UINT16, onnx.TensorProto.UINT8, onnx.TensorProto.BOOL})
@@ -294,6 +314,9 @@ def _small_number(info: Any) -> bool:
 
 
 def _has_shape(info: Any) -> bool:
+    items = getattr(info, "items", None)  # a sequence or optional whose contents inference knows
+    if items is not None:
+        return all(_has_shape(i) for i in items)
     return info is not None and concrete(info.shape) is not None
 
 
@@ -410,7 +433,7 @@ def value_roots(nodes: Sequence[NodeInfo], kinds: Mapping[int, str], live: set[i
             alias[outs[0]] = (src[0], concrete(values[outs[0]].shape))
             continue
         for o in outs:
-            add_root(o, "host" if k in ("control", "sync") else k)  # a control step's outputs come back to the host
+            add_root(o, "host" if k in HOST_KINDS else k)  # a control step's outputs come back to the host
             alias[o] = (o, roots[o].shape)
     for name in outputs:
         if name not in alias:
@@ -433,7 +456,7 @@ def constant_nodes(nodes: Sequence[NodeInfo], kinds: Mapping[int, str], live: se
     have to be read back at preparation)."""
     read_back = {alias[n][0] for n in outputs if n in alias}
     for info in nodes:
-        if info.index in live and kinds[info.index] in ("host", "control", "sync"):
+        if info.index in live and kinds[info.index] in HOST_KINDS:
             read_back |= {alias[n][0] for n in list(info.node.input) + list(info.implicit) if n in alias}
     roots = dict(roots)
     once: set[int] = set()
@@ -564,8 +587,9 @@ class _Scheduler:
         self.pos += 1
 
     def host(self, info: NodeInfo, kind: str, reason: str, values: Mapping[str, Any]) -> None:
-        """A host step (host, control or sync): its inputs read back or, for a sync step's
-        pooled ones, passed as device views; the open segment closed first if it makes one."""
+        """A host step (host, control, sync or sequence): its inputs read back or, for a sync or
+        sequence step's pooled ones, passed as device views; the open segment closed first if it
+        makes one."""
         node = info.node
         reads = [n for n in dict.fromkeys(list(node.input) + list(info.implicit)) if n]
         step_inputs = []
@@ -574,17 +598,20 @@ class _Scheduler:
             r = self.root_of(n)
             origin = self.roots[r].origin
             pooled = origin == "gpu" or (origin == "feed" and r in self.on_device)
-            if kind == "sync" and n not in info.host_reads and pooled:
+            if kind in ("sync", "sequence") and n not in info.host_reads and pooled:
                 device_inputs.append(r)
             else:
                 self.on_host.add(r)
             step_inputs.append((n, r, self.alias[n][1]))
-        if any(r in self.open_produced for _, r, _ in step_inputs):
+        # a fed DeviceValue reaches its buffer by a copy at the head of the first segment: a step
+        # holding a view of a feed's buffer comes after that segment
+        if any(r in self.open_produced for _, r, _ in step_inputs) or \
+                self.segments == 0 and any(self.roots[r].origin == "feed" for r in device_inputs):
             self.flush()
         outs = tuple(o for o in node.output if o)
         types = tuple(getattr(values.get(o), "elem_type", 0) or 0 for o in outs)
         self.steps.append(HostStep(info.index, info.label, op_name(info), tuple(step_inputs), outs, reason,
-                                   tuple(dict.fromkeys(device_inputs)), self.pos, types))
+                                   tuple(dict.fromkeys(device_inputs)), self.pos, types, kind == "sequence"))
 
     def finish(self) -> Schedule:
         """The frozen schedule: segments with the uploads of the host values their steps read
@@ -634,7 +661,7 @@ def schedule(nodes: Sequence[NodeInfo], kinds: Mapping[int, str], live: set[int]
         k = kinds[info.index]
         if k == "gpu":
             run.gpu(info, plans[info.index], info.index in once)
-        elif k in ("host", "control", "sync"):
+        elif k in HOST_KINDS:
             run.host(info, k, reasons.get(info.index, ""), values)
     return run.finish()
 
@@ -721,8 +748,11 @@ def assign_buffers(lifetimes: Sequence[Lifetime], cap: int | None = None) -> tup
 
 def _last_uses(sched: Schedule) -> dict[str, int]:
     """Per root, the GPU position of the last GPU node that reads it (or of the sync step that
-    reads it as a device view: no GPU node after it may reuse its buffer)."""
+    reads it as a device view: no GPU node after it may reuse its buffer; of the run's end for a
+    sequence step's: a list may hold it)."""
     last_use: dict[str, int] = {}
+    end = max([st.pos for seg in sched.steps if isinstance(seg, Segment) for st in seg.steps] +
+              [s.pos for s in sched.steps if isinstance(s, HostStep)] + [0]) + 1
     for step in sched.steps:
         if isinstance(step, Segment):
             for st in step.steps:
@@ -731,7 +761,7 @@ def _last_uses(sched: Schedule) -> dict[str, int]:
                         last_use[where[1]] = max(last_use.get(where[1], -1), st.pos)
         else:
             for r in step.device_inputs:
-                last_use[r] = max(last_use.get(r, -1), step.pos)
+                last_use[r] = max(last_use.get(r, -1), end if step.holds else step.pos)
     return last_use
 
 

@@ -34,7 +34,8 @@ from onnx_quant.errors import DeviceError, ExecutionError
 
 from .device import get_device, list_adapters, select_adapter
 from .device_value import DeviceValue
-from .session import NodeArg, Session
+from .session import Session
+from .session_io import NodeArg
 
 CPU_NAMES = frozenset({"cpu", "cpuexecutionprovider"})
 BEST_GPU_NAMES = frozenset({"webgpu", "webgpuexecutionprovider", "gpu"})

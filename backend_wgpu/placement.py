@@ -32,6 +32,7 @@ from onnx_quant.errors import ExecutionError
 from . import data_dependent as dd
 from .control_flow import CONTROL_WHY, is_control
 from .graph_index import attributes, concrete, subgraph_reads, with_nested
+from .sequences import SEQUENCE_WHY, host_reads, is_sequence_step
 from .verdict import DEFAULT_DOMAINS, VIEW_OPS, kernel_verdict, onnx_type, op_text
 
 #: ops whose integer outputs are folded into the plan when shape inference computed them
@@ -40,13 +41,16 @@ FOLD_OPS = frozenset({
     "Shape", "Size", "Gather", "Concat", "Slice", "Squeeze", "Unsqueeze", "Reshape", "Flatten",
     "Identity", "Cast", "Add", "Sub", "Mul", "Div", "Mod", "Max", "Min", "Neg", "Abs", "Range", "ConstantOfShape",
     "Expand", "Split", "Transpose", "Tile", "Equal", "Less", "Greater", "Where", "Not", "And", "Or",
-    "ReduceProd", "ReduceSum", "ReduceMax", "ReduceMin",
+    "ReduceProd", "ReduceSum", "ReduceMax", "ReduceMin", "SequenceLength", "OptionalHasElement",
 })
 FOLD_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.BOOL})
 
+#: the kinds run as a step of the host schedule (plan.HostStep) rather than a kernel's passes
+HOST_KINDS = frozenset({"host", "control", "sync", "sequence"})
+
 #: what placement_report says of a node that runs no kernel
 PLACEMENT_WHY = {"view": "a view of its input's buffer", "const": "a Constant, uploaded once per session",
-                 "control": CONTROL_WHY, "sync": dd.SYNC_WHY,
+                 "control": CONTROL_WHY, "sync": dd.SYNC_WHY, "sequence": SEQUENCE_WHY,
                  "fold": "computed by shape inference for these input shapes",
                  "unused": "no graph output depends on it"}
 
@@ -64,9 +68,11 @@ class NodeInfo:
     spec: Any                 # the KernelSpec that takes the node, or None
     kind: str                 # "gpu" | "host" | "view" | "const" | "control" (If / Loop: control_flow.py)
     #                           | "sync" (NonZero's region: data_dependent.py)
+    #                           | "sequence" (a list operation over device values: sequences.py)
     reason: str               # why not "gpu" (empty for gpu nodes)
     implicit: tuple[str, ...]  # outer-scope names its subgraphs read
-    #: a "sync" step's inputs read on the host (NonZero's counts); its other GPU-made inputs stay on the device
+    #: a "sync" / "sequence" step's inputs read on the host (NonZero's counts, positions); its other
+    #: GPU-made inputs stay on the device
     host_reads: tuple[str, ...] = ()
 
 
@@ -135,6 +141,9 @@ def classify_node(index: int, node: onnx.NodeProto, opsets: Mapping[str, int], f
     spec, reason = kernel_verdict(facts.specs, node, domain, version, facts.elem)
     if domain in DEFAULT_DOMAINS and node.op_type == "Constant":
         return NodeInfo(index, label, node, domain, version, None, "const", "a constant", implicit)
+    if is_sequence_step(domain, node.op_type, node, facts.static_values):
+        return NodeInfo(index, label, node, domain, version, None, "sequence", SEQUENCE_WHY, implicit,
+                        host_reads(node))
     if dd.is_region(domain, node.op_type):
         return NodeInfo(index, label, node, domain, version, None, "sync", dd.SYNC_WHY, implicit,
                         tuple(dict.fromkeys(n for n in node.input if n.endswith(dd.COUNT_SUFFIX))))

@@ -169,6 +169,9 @@ class HostStep:
     pos: int = -1
     #: per output, the element type (TensorProto code) inference gives it for this binding (0: unknown)
     output_types: tuple[int, ...] = ()
+    #: a sequence step (sequences.py): the values it makes may hold its device inputs (a list's
+    #: elements), so their buffers live until the run ends
+    holds: bool = False
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@
 Run once per Session, before placement, as passes (passes.py: requires -> call -> ``PassResult`` ->
 ensures), in this order, each on the previous one's model and static values:
 
+0. readers of a sequence built in the same graph (ConcatFromSequence of a SequenceConstruct, a
+   SequenceAt at a static position) replaced by the kernels they amount to (sequences.SequenceRewrite);
 1. nodes whose op has no kernel but an ONNX function body, replaced by the body
    (function_expansion.ExpandFunctions), so that the phases below and the placement see its ops;
 2. BatchNormalization folded into the Conv before it (bn_folding.FoldBatchNorm), as onnxruntime
@@ -35,6 +37,7 @@ from .elementwise_fusion import ElementwiseFusion
 from .function_expansion import ExpandFunctions
 from .passes import PassResult, RewritePass
 from .qdq_fusion import QdqFusion
+from .sequences import SequenceRewrite
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,8 @@ class Rewritten:
 
     model: onnx.ModelProto
     static_values: dict[str, Any]
+    #: the sequence readers replaced by kernels (sequences.SequenceReport)
+    sequences: Any = None
     #: the nodes replaced by their ONNX function bodies (function_expansion.ExpansionReport)
     expansion: Any = None
     #: the Conv -> BatchNormalization pairs folded into one Conv
@@ -72,7 +77,7 @@ class Rewritten:
 
 def rewrite_passes(specs: Any, options: RewriteOptions = RewriteOptions()) -> list[RewritePass]:
     """The construction phases in their order (a phase turned off passes its model through)."""
-    return [ExpandFunctions(specs, options.expand_functions), FoldBatchNorm(options.fold_batch_norm),
+    return [SequenceRewrite(), ExpandFunctions(specs, options.expand_functions), FoldBatchNorm(options.fold_batch_norm),
             QdqFusion(specs, options.fuse_qdq),
             DynamicFusion(specs, options.fuse_dynamic), ElementwiseFusion(specs, options.fuse_elementwise),
             SplitDataDependent(specs)]
@@ -98,6 +103,7 @@ def rewrite_model(model: onnx.ModelProto, values: dict[str, Any], specs: Any,
     with kernel registry ``specs``; the model is not modified (each phase writes a new one)."""
     final, final_values, results = run_passes(rewrite_passes(specs, options), model, values)
     out = Rewritten(final, final_values)
+    out.sequences = results["rewrite_sequences"].report
     out.expansion = results["expand_functions"].report
     out.folded_batch_norms = results["fold_batch_norm"].report.folded
     out.fusion = results["fuse_qdq"].report

@@ -39,27 +39,23 @@ import threading
 import time
 import warnings
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnx
 
 from onnx_quant.budget import resolve as resolve_budget
-from onnx_quant.dim_text import is_anonymous
-from onnx_quant.dtypes import element_type, ort_type, type_name
-from onnx_quant.errors import (BudgetError, ExecutionError, HostFallbackWarning, IndexRangeError, KernelRejected,
-                               QuantError)
+from onnx_quant.dtypes import element_type
+from onnx_quant.errors import BudgetError, ExecutionError, HostFallbackWarning, IndexRangeError, QuantError
 from onnx_quant.model_io import initializer_arrays, load_model
 
 from . import data_dependent as dd
 from . import graph_plan as gp
 from . import placement, tuning
-from ..inference.dims import to_text as dim_text
 from .cold_start import ColdStart, PlanDisk
 from .control_flow import ControlFlow, body_overrides
 from .device import GpuDevice, get_device
-from .device_value import DeviceValue, stand_in
+from .device_value import DeviceValue
 from .executor import (
     PreparedGraph, SessionResources, SessionStats, prepare_graph, release_graph, run_graph,
 )
@@ -75,6 +71,9 @@ from .plan_entries import plan_entries
 from .profiling import Profiler
 from .region import DataDependentRegion, HostPaddedNonZero
 from .rewrites import RewriteOptions, rewrite_model
+from .sequence_steps import SequenceStep, own, read_back, value_shape
+from .sequences import is_tensor_type, to_host
+from .session_io import NodeArg, check_feeds, input_args, output_args, value_info_shape
 from .spec import load_specs
 from .tuning_cache import TuningTable
 from .verdict import onnx_type
@@ -83,46 +82,12 @@ from .verdict import onnx_type
 MAX_PLANS = 16
 
 
-@dataclass(frozen=True)
-class NodeArg:
-    """What ``get_inputs()``/``get_outputs()`` return, as onnxruntime's NodeArg: ``type`` is
-    onnxruntime's string (``"tensor(float)"``), ``shape`` has ints, symbols as strings and None
-    for unknown dims (``[]`` for unknown rank, as onnxruntime)."""
-
-    name: str
-    type: str
-    shape: list[Any]
-    elem_type: int = 0   # the TensorProto code behind ``type`` (not in onnxruntime's NodeArg)
-
-
-def _info_shape(info: Any) -> list[Any] | None:
-    """An inferred TensorInfo's shape as NodeArg dims (symbolic dims as their dim_param text)."""
-    if info is None or info.shape is None:
-        return None
-    return [d if isinstance(d, int) else (None if d is None else dim_text(d)) for d in info.shape]
-
-
 def _bits_of(code: int) -> int:
     """Element bits of a TensorProto code, 64 where unknown (the widest a host node makes)."""
     try:
         return element_type(code).bits
     except QuantError:
         return 64
-
-
-def _value_info_shape(vi: onnx.ValueInfoProto) -> list[Any] | None:
-    t = vi.type.tensor_type
-    if not t.HasField("shape"):
-        return None
-    dims: list[Any] = []
-    for d in t.shape.dim:
-        if d.HasField("dim_value"):
-            dims.append(int(d.dim_value))
-        elif d.HasField("dim_param"):
-            dims.append(d.dim_param)
-        else:
-            dims.append(None)
-    return dims
 
 
 _SPECS = None
@@ -214,6 +179,8 @@ class Session:
         self.model, self._static_values = rewritten.model, rewritten.static_values
         #: nodes without a kernel replaced by their ONNX function bodies (function_expansion.py)
         self.function_expansion = rewritten.expansion
+        #: sequence readers replaced by the kernels they amount to (sequences.SequenceRewrite)
+        self.sequence_rewrites = rewritten.sequences
         #: the Conv -> BatchNormalization pairs folded into one Conv (bn_folding.py)
         self.folded_batch_norms = rewritten.folded_batch_norms
         #: the QDQ node units replaced by QLinear kernels (qdq_fusion.py), empty with fuse_qdq=False
@@ -392,14 +359,17 @@ class Session:
         return arr
 
     def _control_flow(self, info: NodeInfo) -> Any:
-        """The runner of an If / Loop / Scan (control_flow.py) or of NonZero's region (data_dependent.py)."""
+        """The runner of an If / Loop / Scan / SequenceMap (control_flow.py), of NonZero's region
+        (data_dependent.py) or of a sequence op (sequences.py)."""
         runner = self._control.get(info.index)
         if runner is None:
             make = lambda m: Session(m, device=self.device, **{  # noqa: E731
                 **self._body_options, **body_overrides(m, self._tunables, self._variants, self._specs)})
             runner = self._control[info.index] = (
                 DataDependentRegion(info, self.model, make, self.stats.add) if info.kind == "sync" else
-                ControlFlow(info, self.model, {**self._initializers, **self._constants}, make, self.stats.add))
+                SequenceStep(info, make, self.stats.add) if info.kind == "sequence" else
+                ControlFlow(info, self.model, {**self._initializers, **self._constants}, make, self.stats.add,
+                            self._static_values))
         return runner
 
     def _run_host(self, step: HostStep, values: dict[str, Any]) -> list[Any]:
@@ -412,9 +382,10 @@ class Session:
             elif shape is not None and isinstance(v, DeviceValue) and v.dims != tuple(shape):
                 v = DeviceValue.borrowed(v.device, v.buffer, v.onnx_type, tuple(shape))  # a view op's shape
             feeds[name] = v
-        if info.kind in ("control", "sync"):
+        if info.kind in ("control", "sync", "sequence"):
             outs = self._control_flow(info).run(feeds)
             return self._typed_outputs(step, outs)
+        feeds = {k: to_host(v) for k, v in feeds.items()}  # onnx.reference reads host arrays
         ev, names = self._evaluator(info)
         out0 = next((o for o in info.node.output if o), "")
         bits = _bits_of((step.output_types[0] if step.output_types else 0) or self._elem(out0))
@@ -442,25 +413,12 @@ class Session:
     # -- onnxruntime-like surface ------------------------------------------------------------
 
     def get_inputs(self) -> list[NodeArg]:
-        return [NodeArg(vi.name, ort_type(vi.type.tensor_type.elem_type), _value_info_shape(vi) or [],
-                        vi.type.tensor_type.elem_type) for vi in self._inputs]
+        return input_args(self._inputs)
 
     def get_outputs(self) -> list[NodeArg]:
         """Declared output types and shapes, completed by inference where the model leaves them
         out (as onnxruntime reports what its own inference found)."""
-        out = []
-        for vi in self.model.graph.output:
-            info = self._static_values.get(vi.name)
-            code = vi.type.tensor_type.elem_type or (info.elem_type if info is not None else 0)
-            declared, inferred = _value_info_shape(vi), _info_shape(info)
-            if declared is None:
-                shape = inferred or []
-            elif inferred is not None and len(inferred) == len(declared):
-                shape = [d if d is not None else i for d, i in zip(declared, inferred)]
-            else:
-                shape = declared
-            out.append(NodeArg(vi.name, ort_type(code), shape, code))
-        return out
+        return output_args(self.model.graph.output, self._static_values)
 
     @property
     def input_names(self) -> list[str]:
@@ -489,61 +447,8 @@ class Session:
 
     # -- feeds and shapes --------------------------------------------------------------------
 
-    def _check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        if not isinstance(feeds, Mapping):
-            raise ExecutionError(f"feeds must be a dict of input name -> array, found {type(feeds).__name__}")
-        expected = {vi.name: vi for vi in self._inputs}
-        unknown = sorted(set(feeds) - set(expected))
-        if unknown:
-            inits = [n for n in unknown if n in self._initializers]
-            extra = f"; {inits} are initializers, which this backend does not let feeds override" if inits else ""
-            raise ExecutionError(f"feeds {unknown}: not inputs of the model (inputs: {sorted(expected)}){extra}")
-        arrays: dict[str, np.ndarray] = {}
-        symbols: dict[str, tuple[int, str, int]] = {}
-        for name, vi in expected.items():
-            if name not in feeds:
-                raise ExecutionError(f"input {name!r} is missing from the feeds")
-            value = feeds[name]
-            arr = self._feed_stand_in(name, value) if isinstance(value, DeviceValue) else \
-                value if isinstance(value, np.ndarray) else np.asarray(value)
-            code = vi.type.tensor_type.elem_type
-            try:
-                want = element_type(code)
-            except QuantError:
-                # a typed decline: the value has no device form (strings), not a bad feed
-                raise KernelRejected("", "", f"element type {type_name(code)} has no device form",
-                                     where=f"input {name!r}") from None
-            if arr.dtype != want.dtype:
-                numpy = "" if want.name == str(want.dtype) else f" (numpy {want.dtype})"
-                raise ExecutionError(f"input {name!r}: expected {want.name}{numpy}, found {arr.dtype}")
-            dims = _value_info_shape(vi)
-            if dims is not None:
-                if arr.ndim != len(dims):
-                    raise ExecutionError(f"input {name!r}: expected rank {len(dims)} {dims}, found rank {arr.ndim} "
-                                         f"{list(arr.shape)}")
-                for axis, (d, n) in enumerate(zip(dims, arr.shape)):
-                    # a declared -1 and an anonymous dim_param ('?', '-1', 'None') are free, each on its own
-                    if isinstance(d, int) and d >= 0 and d != n:
-                        raise ExecutionError(f"input {name!r}: dim {axis} must be {d}, found {n} "
-                                             f"(shape {list(arr.shape)})")
-                    if isinstance(d, str) and not is_anonymous(d):
-                        seen = symbols.get(d)
-                        if seen is not None and seen[0] != n:
-                            where = (f"input {seen[1]!r} dim {seen[2]}" if seen[1] != name else f"dim {seen[2]}")
-                            raise ExecutionError(f"input {name!r}: dim {axis} is {d!r} = {n}, but {where} binds "
-                                                 f"{d!r} = {seen[0]} (shape {list(arr.shape)})")
-                        symbols.setdefault(d, (n, name, axis))
-            arrays[name] = value if isinstance(value, DeviceValue) else arr
-        return arrays
-
-    def _feed_stand_in(self, name: str, value: DeviceValue) -> np.ndarray:
-        if value.device is not self.device:
-            raise ExecutionError(f"input {name!r}: the device value lives on {value.device.info.name!r}, this "
-                                 f"session runs on {self.device.info.name!r} (a different device object)")
-        try:
-            return stand_in(value)
-        except ExecutionError as e:
-            raise ExecutionError(f"input {name!r}: {e}") from None
+    def _check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        return check_feeds(self.device, self._inputs, self._initializers, feeds)
 
     def _plan_for(self, shapes: Mapping[str, tuple[int, ...]], feeds: Mapping[str, Any] | None = None) -> GraphPlan:
         """The graph plan for these input shapes; where it needs the contents of small integer
@@ -587,7 +492,7 @@ class Session:
         if self.stats.plans == 0:
             self.cold_start.phase("plan")
         if compiled.keyed:  # phase 0: from now on this binding keys on those inputs' contents
-            self._value_keyed[key] = compiled.keyed
+            self._value_keyed[gp.shape_key(shapes)] = compiled.keyed
         self._host_policy(compiled, shapes)
         return compiled.plan
 
@@ -622,7 +527,7 @@ class Session:
     def plans(self, input_shapes: Mapping[str, Sequence[int]]) -> list[Any]:
         """The (cached) kernel plan of every node that runs on the GPU for these input shapes,
         in execution order (views, constants, folded and host nodes have none)."""
-        return [st.plan for st in self._plan_for({k: tuple(v) for k, v in input_shapes.items()}).gpu_steps]
+        return [st.plan for st in self._plan_for({k: gp.input_shape(v) for k, v in input_shapes.items()}).gpu_steps]
 
     # -- run ---------------------------------------------------------------------------------
 
@@ -644,8 +549,7 @@ class Session:
                                  f"({wanted})")
         arrays = self._check_feeds(feeds)
         before = self.stats.snapshot()
-        gplan = self._plan_for({k: (a.dims if isinstance(a, DeviceValue) else tuple(a.shape)) for k, a in arrays.items()},
-                               arrays)
+        gplan = self._plan_for({k: value_shape(a) for k, a in arrays.items()}, arrays)
         constants = {**self._initializers, **self._constants}
         prep = self._prepared.get(gplan.key)
         first = self.stats.runs == 0
@@ -667,7 +571,6 @@ class Session:
             self.cold_start.add("render", rendered)
             self.cold_start.add("compile", compiled)
             self.cold_start.add("first run", time.perf_counter() - t_run - rendered - compiled)
-        self.last_run_stats = self.stats.since(before)
         result: list[Any] = []
         made: dict[str, DeviceValue] = {}
         for n in wanted:
@@ -678,17 +581,22 @@ class Session:
             if root not in values:
                 raise ExecutionError(f"output {n!r} was not produced")
             v = values[root]
-            if isinstance(v, DeviceValue):  # a device feed asked back as a host output
+            if isinstance(v, list) or v is None:  # a sequence (its elements read back at once), an empty optional
+                v, nbytes = read_back(self.device, v)
+                if nbytes:
+                    self.stats.readbacks += 1
+                    self.stats.bytes_read_back += nbytes
+            elif isinstance(v, DeviceValue):  # a device feed, or a sequence step's tensor, asked back
                 v = v.numpy()
                 self.stats.readbacks += 1
                 self.stats.bytes_read_back += max(4, (v.nbytes + 3) // 4 * 4)
-                self.last_run_stats = self.stats.since(before)
             elif isinstance(v, np.ndarray):
                 if shape is not None and tuple(v.shape) != shape:
                     v = v.reshape(shape)
                 if gplan.roots[root].origin in ("feed", "init", "const", "fold") or root != n or wanted.count(n) > 1:
                     v = np.array(v, copy=True)
             result.append(v)
+        self.last_run_stats = self.stats.since(before)  # with the outputs' read-backs and copies
         return result
 
     def _device_output(self, gplan: GraphPlan, root: str, shape, kept: dict, made: dict,
@@ -703,6 +611,8 @@ class Session:
             made[root] = DeviceValue(self.device, buf, r.onnx_type, dims)
             return made[root]
         src = made.get(root, values.get(root))
+        if isinstance(src, list) or (src is None and root in values):  # a sequence, an optional
+            return own(src, self.device, self._resources)
         if isinstance(src, DeviceValue):
             n = max(4, r.nbytes)
             dst = self._resources.allocate(n, label=f"kept output {root}")
@@ -722,9 +632,11 @@ class Session:
         given = dict(input_shapes or {})
         for vi in self._inputs:
             if vi.name in given:
-                shapes[vi.name] = tuple(int(d) for d in given[vi.name])
+                shapes[vi.name] = gp.input_shape(given[vi.name])
                 continue
-            dims = _value_info_shape(vi)
+            if not is_tensor_type(vi.type):
+                continue  # a sequence or optional: its contents stay unknown
+            dims = value_info_shape(vi)
             if dims is None:
                 raise ExecutionError(f"input {vi.name!r} has no declared shape; give its shape")
             shapes[vi.name] = tuple(d if isinstance(d, int) else 1 for d in dims)

@@ -13,7 +13,7 @@ Each case gets one outcome:
   training steps: :data:`verdict.HOST_ONLY_OPS`), declined by name;
 - ``declined``: a kernel exists but declines the node (a type, attribute or shape outside what it
   computes exactly: ``KernelRejected``), or the case has values the GPU backend does not take
-  (sequences, optionals, strings);
+  (strings, alone or in a sequence);
 - ``error``: an internal error or a shader the device refuses to compile: a bug too, reported,
   never a crash of the run.
 """

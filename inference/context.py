@@ -88,6 +88,36 @@ class TensorInfo:
         return tp
 
 
+class SequenceInfo(TensorInfo):
+    """A sequence or optional value (maps too): to every rule that reads tensors a value of
+    unknown type and rank. ``type_proto`` is its ONNX type (the scope's ``other`` entry, what
+    onnx's inference and the write-back read); ``items`` what the pass knows of its contents
+    (inference/sequences.py): per element a ``TensorInfo`` in order, for an optional ``()`` when
+    it is empty and one item, its value (a ``SequenceInfo`` for an optional sequence), when it
+    holds one; None where the pass does not know them."""
+
+    def __init__(self, type_proto: onnx.TypeProto, items: tuple | None = None) -> None:
+        super().__init__()
+        self.__dict__["type_proto"] = type_proto
+        self.__dict__["items"] = items
+
+    @property
+    def kind(self) -> str:
+        """``"sequence"``, ``"optional"`` or ``"map"``."""
+        return {"sequence_type": "sequence", "optional_type": "optional"}.get(
+            self.type_proto.WhichOneof("value") or "", "map")
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, SequenceInfo) and self.type_proto == other.type_proto
+                                 and self.items == other.items)
+
+    __hash__ = TensorInfo.__hash__
+
+    def __repr__(self) -> str:
+        items = "?" if self.items is None else f"{len(self.items)} known"
+        return f"SequenceInfo({self.kind}, items={items})"
+
+
 class ShapesContext:
     """Value name -> TensorInfo, plus the opset imports the rules are selected by.
 

@@ -18,6 +18,7 @@ from .context import TensorInfo
 from .diagnostics import one_line
 from .memo import Keys
 from .scope import UNKNOWN, Bookkeeping, LazyConstant, NodeCtx, Scope
+from .sequences import REFINED, refine
 
 #: Constants up to this many elements are handed to onnx's inference as input data.
 DATA_MAX_ELEMENTS = 64
@@ -96,12 +97,13 @@ class Fallback:
                 scope.define(name, UNKNOWN)
                 continue
             if tp.WhichOneof("value") not in (None, "tensor_type"):
-                scope.other[name] = tp
-                scope.define(name, TensorInfo())
+                scope.define_other(name, tp)
                 continue
             info = keys.from_type_proto(tp)
             scope.define(name, info)
             keys.intern(info, tp.SerializeToString())  # consumers pass onnx's own bytes back to it
+        if node.op_type in REFINED and schema.domain == "":  # what a sequence's known items add
+            refine(node, scope)
         if signature is not None:
             x = scope.get(node.input[0])
             if scope.local(node.output[0]) == TensorInfo(x.elem_type, x.shape):

@@ -99,8 +99,8 @@ class Functions:
             formal = fn.output[i]
             other = scope.other_type(formal)
             if other is not None:
-                n.ctx.other[actual] = other
-                n.ctx.set(actual, TensorInfo())
+                inner = scope.get(formal)
+                n.ctx.define_other(actual, other, getattr(inner, "items", None))
             else:
                 n.ctx.set(actual, scope.get(formal) or UNKNOWN)
         return True

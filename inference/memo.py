@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from . import dims
-from .context import TensorInfo
+from .context import SequenceInfo, TensorInfo
 from .dims import DimLike
 from .scope import LazyConstant, Scope
 from .writeback import encode_type
@@ -69,6 +69,8 @@ class Keys:
         type; ``tb`` gives them (onnx's own, which consumers pass back to it)."""
         if type(info) is LazyConstant:  # (type, shape): the key Scope.add_initializers gives
             k = (info.elem_type, info.shape)
+        elif type(info) is SequenceInfo:  # a key of its own: what it holds is not its type's
+            k = ("other", len(self.key_ids))
         else:
             et = info.elem_type
             v = info.value

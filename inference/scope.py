@@ -21,7 +21,7 @@ from onnx import helper, numpy_helper
 from onnx_quant.errors import InferenceError
 from onnx_quant.model_io import check_external_location
 
-from .context import ShapesContext, TensorInfo
+from .context import SequenceInfo, ShapesContext, TensorInfo
 from .diagnostics import MODEL_NODE, one_line
 from .registry import NodeContext
 
@@ -214,6 +214,12 @@ class Scope(ShapesContext):
         """``info`` becomes ``name``'s value in this scope (``set`` without its check for an
         empty name: the engine's names are never empty)."""
         self._values[name] = info
+
+    def define_other(self, name: str, type_proto: onnx.TypeProto, items: tuple | None = None) -> None:
+        """``name`` is a sequence, optional or map value of ``type_proto`` (its ``other`` entry)
+        whose contents the pass knows as ``items`` (``SequenceInfo``; None: unknown)."""
+        self.other[name] = type_proto
+        self._values[name] = SequenceInfo(type_proto, items)
 
     def bind(self, name: str, out: tuple[TensorInfo, int]) -> None:
         """Define ``name`` as a memoized output: ``out`` is (its value, its memo key id)."""

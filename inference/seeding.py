@@ -21,6 +21,7 @@ from .diagnostics import MODEL_NODE
 from .dims import DimLike
 from .memo import Keys
 from .scope import Bookkeeping, Graph, LazyConstant
+from .sequences import input_items
 
 
 def seed_main(g: Graph, keys: Keys, label: str, input_shapes: Mapping[str, Iterable[Any]] | None) -> None:
@@ -50,8 +51,7 @@ def seed_main(g: Graph, keys: Keys, label: str, input_shapes: Mapping[str, Itera
         typed_by[name] = SOURCE_INITIALIZER
     for v in graph.input:
         if v.type.WhichOneof("value") not in (None, "tensor_type"):
-            scope.other[v.name] = v.type
-            define(v.name, TensorInfo())
+            scope.define_other(v.name, v.type)
             typed_by[v.name] = SOURCE_INPUT
             continue
         declared = keys.from_type_proto(v.type)
@@ -88,15 +88,11 @@ def seed_body(g: Graph, inputs: list, keys: Keys, owner: Bookkeeping, label: str
     for i, v in enumerate(graph.input):
         info = inputs[i] if i < len(inputs) else None
         if isinstance(info, onnx.TypeProto):  # a sequence, optional or map value
-            scope.other[v.name] = info
-            info = TensorInfo()
-        elif info is None:
-            if v.type.WhichOneof("value") not in (None, "tensor_type"):
-                scope.other[v.name] = v.type
-                info = TensorInfo()
-            else:
-                info = keys.from_type_proto(v.type)
-        scope.define(v.name, info)
+            scope.define_other(v.name, info)
+        elif info is None and v.type.WhichOneof("value") not in (None, "tensor_type"):
+            scope.define_other(v.name, v.type)
+        else:
+            scope.define(v.name, keys.from_type_proto(v.type) if info is None else info)
         g.typed_by[v.name] = SOURCE_INPUT
     seed_declared(g, keys)
 
@@ -131,6 +127,13 @@ def override_inputs(g: Graph, input_shapes: Mapping[str, Iterable[Any]], input_n
         if name not in input_names:
             raise InferenceError("input-shapes", MODEL_NODE, f"{name!r} is not a graph input",
                                  expected=f"one of {sorted(input_names)}", found=repr(name))
+        if name in scope.other:  # a sequence or optional input: its elements' shapes (sequences.Elements)
+            try:
+                info = input_items(scope.other[name], shape, name)
+            except ValueError as e:
+                raise InferenceError("input-shapes", MODEL_NODE, str(e), found=repr(shape)) from None
+            scope.define_other(name, info.type_proto, info.items)
+            continue
         new = tuple(_dim_arg(d, name) for d in shape)
         declared = scope[name]
         if declared.shape is not None:

@@ -111,8 +111,8 @@ def _set(n: NodeContext, i: int, info: TensorInfo, other: onnx.TypeProto | None 
     if not name:
         return
     if other is not None:
-        n.ctx.other[name] = other
-        info = TensorInfo()
+        n.ctx.define_other(name, other)
+        return
     n.ctx.set(name, info)
 
 

@@ -12,7 +12,7 @@ import numpy as np
 from onnx import TensorProto
 
 from .. import dims
-from ..context import TensorInfo
+from ..context import SequenceInfo, TensorInfo
 from ..registry import register
 from . import float_values
 from .float_values import SYMBOLIC_FLOAT_TYPES
@@ -269,7 +269,9 @@ def clip(ctx, n) -> None:
 def identity(ctx, n) -> None:
     need(n, "Identity", "input")
     info = ctx.get(n.input_name(0))
-    if info is not None:
+    if isinstance(info, SequenceInfo) and n.output_name(0):  # a sequence or optional passed on
+        ctx.define_other(n.output_name(0), info.type_proto, info.items)
+    elif info is not None:
         n.set_output(0, info)
 
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import onnx
 import pytest
 from onnx import helper
 
-from onnx_quant.backend_wgpu.conformance import CaseResult, run_case
+from onnx_quant.backend_wgpu.conformance import CaseResult
 from onnx_quant.backend_wgpu.reporting import make_session
 from onnx_quant.backend_wgpu.spec import load_specs
 from onnx_quant.backend_wgpu.verdict import HOST_ONLY_OPS, kernel_verdict
@@ -57,23 +58,26 @@ def test_suite_cases_filter_by_op_and_count_expansions_as_their_op():
     assert len(suite_cases()) >= 1800
 
 
-def test_sequence_inputs_are_declined_not_internal_errors(best):
+def test_sequence_inputs_run_and_compare_element_by_element(best):
     gpu, ort = run_suite(["SequenceInsert"], device=best)
-    assert gpu and all(outcome(r) == "declined" and "runs tensors only" in r.error for r in gpu)
+    assert gpu and all(outcome(r) == "pass" for r in gpu)  # a list feed, a list output (sequence_steps.py)
     assert all(r.passed for r in ort)  # onnxruntime compares sequence outputs element by element
 
 
-def test_sequence_and_string_feeds_are_typed_declines(best):
-    """A sequence feed (the runner) and a string feed (Session) raise KernelRejected, as a kernel's
+def test_string_feeds_are_typed_declines(best):
+    """A string feed, alone or as a sequence's element, raises KernelRejected, as a kernel's
     decline does, naming the input: never a bare ExecutionError."""
     (case,) = [c for c in suite_cases(["Equal"]) if c.name == "test_equal_string"]
     session = make_session(case.model, device=best, host_fallback=True)
     x = np.array(["a", "b"], dtype=object)
     with pytest.raises(KernelRejected, match="input 'x': element type string has no device form"):
         session.run(None, {"x": x, "y": x})
-    (seq,) = [c for c in suite_cases(["SequenceInsert"]) if c.name == "test_sequence_insert_at_back"]
-    row = run_case(seq, device=best, host_fallback=False)
-    assert row.error.startswith("input ") and "runs tensors only" in row.error
+    strings = helper.make_model(helper.make_graph(
+        [helper.make_node("SequenceLength", ["s"], ["n"])], "g",
+        [helper.make_tensor_sequence_value_info("s", onnx.TensorProto.STRING, None)],
+        [helper.make_tensor_value_info("n", onnx.TensorProto.INT64, [])]))
+    with pytest.raises(KernelRejected, match=r"input 's\[0\]': element type string has no device form"):
+        make_session(strings, device=best, host_fallback=False).run(None, {"s": [x]})
 
 
 def test_host_only_ops_are_declined_by_name():
