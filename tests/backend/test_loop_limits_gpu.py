@@ -1,10 +1,11 @@
 """llvmpipe (lavapipe) silently stops a shader invocation after 65535 loop iterations, every loop of
 the invocation counted together, each loop's exit test too (test_device.py documents the limiter).
 A kernel whose per-invocation loops grow with the input declines the node before its count can
-pass that (a typed KernelRejected naming the clause, `loopsFit` unless named otherwise, the
-tunable MAX_LOOP_ITERATIONS of each spec, 60000): each case here runs a model whose loops stay
-just below its spec's bound against onnx.reference (or numpy), and is declined just above it,
-where the kernel returned a wrong value before its clause (a single long row: small tensors).
+pass that: a typed KernelRejected naming the clause (`loopsFit`, `lanesFit`, a variant's
+`simpleLoopsFit` ...) over its spec's tunable (MAX_LOOP_ITERATIONS / MAX_LANE_ITERATIONS, 60000).
+Each case runs a model whose loops stay just below its spec's bound against onnx.reference
+(numpy, onnxruntime) and is declined just above it, where the kernel returned a wrong value
+before its clause; the tensors are single long rows or windows, as small as the bound allows.
 
 On the default adapter only (conftest's ``dev``); the limiter is llvmpipe's, the clauses hold on
 any device.
@@ -251,3 +252,146 @@ def test_a_loop_per_element_of_a_float16_word(dev, make, below, above, oracle):
     word, each a loop, which halves the bound (29997); 40000 summed a part of the last element's
     terms (DFT: its last input, the only nonzero one, left out)."""
     below_and_above(dev, make(below), make(above), rtol=2e-3, atol=1e-5, oracle=oracle)
+
+
+# ----------------------------------------------------------------------------- reductions over the input
+
+
+def _conv_transpose(channels):
+    x = ramp(channels).reshape(1, channels, 1)
+    w = ramp(channels, seed=1).reshape(channels, 1, 1)
+    return node_model("ConvTranspose", [("x", x), ("w", w)], ["y"], opset=11), {"x": x, "w": w}
+
+
+def _mvn(n):
+    x = ramp(n).reshape(1, 1, 1, n)
+    node = helper.make_node("MeanVarianceNormalization", ["x"], ["y"])  # axes [0, 2, 3]: n positions a group
+    shape = [helper.make_tensor_value_info(v, TP.FLOAT, list(x.shape)) for v in ("x", "y")]
+    return make_model([node], shape[:1], shape[1:], opset=13), {"x": x}
+
+
+def _qlinear_global_average_pool(n):
+    x = np.random.default_rng(n).integers(0, 256, (1, 4, n)).astype(np.uint8)
+    inputs = [("X", x), ("Xs", np.array(0.05, np.float32)), ("Xz", np.array(3, np.uint8)),
+              ("Ys", np.array(0.04, np.float32)), ("Yz", np.array(5, np.uint8))]
+    return node_model("QLinearGlobalAveragePool", inputs, ["Y"], domain="com.microsoft", opset=13), dict(inputs)
+
+
+def _ort(model, feeds):
+    from support.oracles import ort_run
+
+    return ort_run(model, feeds)
+
+
+@pytest.mark.parametrize("make, below, above, clause, atol, oracle", [
+    (_conv_transpose, 19900, 70000, "loopsFit", 1e-4, None),
+    (_mvn, 59000, 70000, "loopsFit", 1e-4, None),
+    (_qlinear_global_average_pool, 950000, 1200000, "lanesFit", 1, _ort)],
+    ids=["ConvTranspose", "MeanVarianceNormalization", "QLinearGlobalAveragePool"])
+def test_a_reduction_over_the_input(dev, make, below, above, clause, atol, oracle):
+    """An output's sum over its channel group (ConvTranspose, counted 3 a channel with a kernel of 1),
+    a group's over its reduced positions (MeanVarianceNormalization's stats, axes [0, 2, 3] of
+    1 x 1 x 1 x n),
+    a workgroup lane's over its 1/64 of the image for each element of its word
+    (QLinearGlobalAveragePool, uint8: 4): below the bound it agrees, above it is declined (before
+    the clause the sums stopped short: 70000 channels, 70000 positions, 4 x 1200000 / 64)."""
+    below_and_above(dev, make(below), make(above), clause=clause, rtol=1e-4, atol=atol, oracle=oracle)
+
+
+def _layer_norm(d):
+    x = ramp(d).reshape(1, d)
+    scale = np.ones(d, np.float32)
+    return node_model("LayerNormalization", [("x", x), ("scale", scale)], ["y"], opset=17), {"x": x, "scale": scale}
+
+
+def test_a_workgroup_normalization_row(dev):
+    """workgroup: each of a row's 64 lanes walks its 1/64 of the row three times (the mean, the
+    squares, the outputs, each output a correctly rounded division of up to 4 steps): a row of
+    540000 runs; 1500000 left the last outputs unwritten before the clause."""
+    below_and_above(dev, _layer_norm(540000), _layer_norm(1500000), clause="MAX_LANE_ITERATIONS", rtol=1e-4, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- GEMMs along K
+
+
+def _matmul(k, m=1, n=1):
+    a = ramp(m * k).reshape(m, k) / 64
+    b = ramp(k * n, seed=1).reshape(k, n)
+    return node_model("MatMul", [("a", a), ("b", b)], ["y"], opset=13), {"a": a, "b": b}
+
+
+def gpu_variant(dev, model, feeds, variant, op="MatMul"):
+    from onnx_quant.backend_wgpu.session import Session
+
+    with Session(model, device=dev, allow_host_fallback=False, variants={op: variant}) as s:
+        return s.run(None, feeds)
+
+
+@pytest.mark.parametrize("variant, below, above, shape", [("simple", 239000, 270000, (1, 1)),
+                                                          ("blocked", 239000, 530000, (1, 1)),
+                                                          ("tiled", 53000, 70000, (16, 16))])
+def test_float_matmul_along_k(dev, variant, below, above, shape):
+    """An output's sum along K, 4 k a loop step (simple, blocked) or 18 loop steps per 16 k
+    (tiled: a tile's loads and its 16 products): each variant, forced, agrees below its bound and
+    is declined above (before: simple 270000 and tiled 70000 summed a part of K)."""
+    model, feeds = _matmul(below, *shape)
+    want = ref_run(model, feeds)[0]
+    np.testing.assert_allclose(gpu_variant(dev, model, feeds, variant)[0], want, rtol=1e-3, atol=1e-3)
+    model, feeds = _matmul(above, *shape)
+    with pytest.raises(ExecutionError, match=variant + "LoopsFit"):
+        gpu_variant(dev, model, feeds, variant)
+
+
+def _matmul_integer(k, m=1, n=1):
+    rng = np.random.default_rng(k)
+    a = rng.integers(0, 4, (m, k)).astype(np.uint8)
+    b = rng.integers(0, 4, (k, n)).astype(np.uint8)
+    return node_model("MatMulInteger", [("a", a), ("b", b)], ["y"], opset=10, out_types=[np.int32]), {"a": a, "b": b}
+
+
+def _conv(channels):
+    x = ramp(channels).reshape(1, channels, 1)
+    w = ramp(channels, seed=1).reshape(1, channels, 1)
+    return node_model("Conv", [("x", x), ("w", w)], ["y"], opset=11), {"x": x, "w": w}
+
+
+@pytest.mark.parametrize("make, op, variant, below, above, clause", [
+    (_matmul_integer, "MatMulInteger", "simple", 59900, 70000, "simpleLoopsFit"),
+    (lambda k: _matmul_integer(k, 64, 64), "MatMulInteger", "tiled", 68000, 80000, "tiledLoopsFit"),
+    (_conv, "Conv", "direct", 19900, 70000, "directLoopsFit")], ids=["MatMulInteger-simple", "MatMulInteger-tiled",
+                                                                     "Conv-direct"])
+def test_an_integer_or_conv_gemm_along_k(dev, make, op, variant, below, above, clause):
+    """The variants that loop along K (the integer simple one, one k a step; tiled, 28 loop steps
+    per 32 k; the float Conv's direct one, its channel group's windows, counted 3 a channel with a
+    kernel of 1), forced: below the bound they agree (MatMulInteger bit for bit), above they are
+    declined (before: K 70000, 80000 and 70000 channels summed a part)."""
+    model, feeds = make(below)
+    want = ref_run(model, feeds)[0]
+    got = gpu_variant(dev, model, feeds, variant, op)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 if got.dtype == np.float32 else 0)
+    model, feeds = make(above)
+    with pytest.raises(ExecutionError, match=clause):
+        gpu_variant(dev, model, feeds, variant, op)
+
+
+def _dynamic_quantize_matmul(k):
+    rng = np.random.default_rng(k)
+    a = rng.uniform(-1, 1, (1, k)).astype(np.float32)
+    b = rng.integers(-4, 5, (k, 1)).astype(np.int8)
+    s = np.array([0.01], np.float32)
+    model = node_model("DynamicQuantizeMatMul", [("A", a), ("B", b), ("S", s)], ["Y"], domain="com.microsoft",
+                       opset=13, inits={"B": b, "S": s})
+    return model, {"A": a}
+
+
+def test_dynamic_quantize_matmul_two_pass_along_k(dev):
+    """two_pass, forced: each K_TILE (64) k a tile's loads and 64 products (K up to about 50 k:
+    50000 agrees with onnxruntime); 60000 stopped short of K before the clause."""
+    from support.oracles import ort_run
+
+    model, feeds = _dynamic_quantize_matmul(50000)
+    got = gpu_variant(dev, model, feeds, "two_pass", "DynamicQuantizeMatMul")[0]
+    np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-5, atol=1e-4)
+    model, feeds = _dynamic_quantize_matmul(60000)
+    with pytest.raises(ExecutionError, match="tileLoopsFit"):
+        gpu_variant(dev, model, feeds, "two_pass", "DynamicQuantizeMatMul")
