@@ -117,7 +117,11 @@ class ControlFlow:
         g.name = f"{self.info.label}_{attr}"
         del g.input[:]
         for decl, value in zip(body.input, explicit):
-            declared = not decl.type.HasField("tensor_type") or decl.type.tensor_type.elem_type
+            # a sequence / optional as declared; a tensor with its element type, else typed from
+            # the value (function bodies, e.g. Range's expansion, declare loop inputs untyped)
+            kind = decl.type.WhichOneof("value")
+            declared = kind in ("sequence_type", "optional_type") or (kind == "tensor_type"
+                                                                      and decl.type.tensor_type.elem_type)
             g.input.append(decl if declared else _value_info(decl.name, value))
         inputs = [i.name for i in body.input]
         for name in free_names(body):
