@@ -175,8 +175,8 @@ def release_plan(device, plan: KernelPlan) -> bool:
 
 
 def _raise_index_fault(device, buffer, raw, describe) -> None:
-    """Raise the IndexRangeError of a read-back error record (index_check.py), once the device's
-    buffer is zeroed for the next run; nothing when no kernel flagged an index."""
+    """Raise the IndexRangeError (or LoopLimitError) of a read-back error record (index_check.py),
+    once the device's buffer is zeroed for the next run; nothing when no kernel flagged one."""
     err = index_check.fault(raw, describe)
     if err is not None:
         device.upload(buffer, index_check.ZEROS)
@@ -227,7 +227,8 @@ def run_plan(device, plan: KernelPlan, inputs: Mapping[str, np.ndarray], *, node
         if b.role == "errors":
             _raise_index_fault(device, prep.buffers[b.name], memoryview(raw)[off:off + index_check.ERROR_BYTES],
                                lambda _node, k: (f"node {node!r} ({plan.kernel})" if node else f"kernel {plan.kernel}",
-                                                 repr(index_check.input_name(plan, k))))
+                                                 repr(index_check.input_name(plan, k)),
+                                                 index_check.check_entry(plan, k)))
     for b, off in prep.outputs:
         if b.role == "errors":
             continue
@@ -522,14 +523,14 @@ def prepare_graph(device, gplan: GraphPlan, res: SessionResources, constants: Ma
 
 def _describer(gplan: GraphPlan):
     """describe(node id, input ordinal) of index_check.fault over a graph plan's GPU steps."""
-    def describe(node_id: int, ordinal: int) -> tuple[str, str]:
+    def describe(node_id: int, ordinal: int) -> tuple[str, str, dict | None]:
         step = next((st for st in gplan.gpu_steps if st.index == node_id), None)
         if step is None:
-            return f"node #{node_id}", f"#{ordinal}"
+            return f"node #{node_id}", f"#{ordinal}", None
         name = index_check.input_name(step.plan, ordinal)
         where = step.buffers.get(name, ())
         value = f" (value {where[1]!r})" if len(where) > 1 and where[0] == "value" else ""
-        return f"node {step.label!r} ({step.op_type})", f"{name!r}{value}"
+        return f"node {step.label!r} ({step.op_type})", f"{name!r}{value}", index_check.check_entry(step.plan, ordinal)
     return describe
 
 

@@ -26,14 +26,22 @@ fault of the first failing node in submit order wins. The executor copies the 32
 the staging buffer it already maps for the segment's outputs (no extra submit), and
 :func:`fault` turns a raised flag into :class:`~onnx_quant.errors.IndexRangeError` naming the
 node, the input and the index, after the buffer is zeroed again for the next run.
+
+*Loop checks* (a spec's ``loopChecks``: RoiAlign's adaptive sampling grid, decided by the rois'
+values) share the record: :func:`loop_checks` gives the kernel's own passes that read the input
+the error buffer and the node's id (:func:`error_bindings`) and their template ``loop_checks``;
+the kernel counts an element's loop steps and past the bound calls ``oq_loop_fault`` (the row,
+its grid, the steps, the bound) and skips the loop; :func:`fault` turns that record into
+:class:`~onnx_quant.errors.LoopLimitError`.
 """
 
 from __future__ import annotations
 
+import math
 import struct
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
-from onnx_quant.errors import IndexRangeError
+from onnx_quant.errors import ExpressionError, IndexRangeError, LoopLimitError
 
 from .plan import BindingPlan, BufferPlan, PassPlan
 
@@ -51,6 +59,36 @@ ZEROS = bytes(ERROR_BYTES)
 
 def node_buffer(pass_id: str) -> str:
     return f"{pass_id}.{NODE_VAR}"
+
+
+def index_checks(spec: Any, io_types: Mapping[str, str], present: Mapping[str, bool], shapes: Mapping[str, Any],
+                 value: Callable[[Any, str], Any]) -> list[tuple]:
+    """The spec's present ``indexChecks`` inputs, as :func:`check_pass` takes them: (check, ordinal,
+    variable, dtype, element count, bounds, ignore); ``value(expression, field)`` evaluates."""
+    out = []
+    for k, c in enumerate(spec.index_checks):
+        if present.get(c.input):
+            f = f"indexChecks.{c.input}"
+            out.append((c, k + 1, c.input, io_types[c.input], math.prod(shapes[c.input]), value(c.bounds, f"{f}.bounds"),
+                        None if c.ignore is None else value(c.ignore, f"{f}.ignore")))
+    return out
+
+
+def loop_checks(spec: Any, present: Mapping[str, bool], value: Callable[[Any, str], Any]) -> list[dict[str, Any]]:
+    """The spec's present ``loopChecks`` inputs whose ``when`` holds, as a kernel pass's template
+    reads them (``loop_checks``): input, ordinal (numbered after the ``indexChecks``), bound (an
+    output element's loop steps), item (a row's noun in the error) and kind ``"loop"`` (:func:`fault`)."""
+    out = []
+    for k, c in enumerate(spec.loop_checks):
+        f = f"loopChecks.{c.input}"
+        if not present.get(c.input) or (c.when is not None and not value(c.when, f"{f}.when")):
+            continue
+        bound = value(c.bound, f"{f}.bound")
+        if not isinstance(bound, int) or isinstance(bound, bool) or not 0 <= bound < 2**32:
+            raise ExpressionError(f"{spec.name}: {f}: must be an int in [0, 2^32), found {bound!r}")
+        out.append({"input": c.input, "ordinal": len(spec.index_checks) + k + 1, "bound": bound, "item": c.item,
+                    "kind": "loop"})
+    return out
 
 
 def check_bindings(pass_id: str, first_index: int, checks: list[tuple[Any, int, str, str, int, Any, Any]],
@@ -77,15 +115,22 @@ def check_bindings(pass_id: str, first_index: int, checks: list[tuple[Any, int, 
         return None
     data = struct.pack(f"<{len(members)}I", *(v for _, _, v in members))
     data += bytes(-len(data) % 16)
-    nb, cb = node_buffer(pass_id), f"{pass_id}.{CHECKS_VAR}"
+    cb = f"{pass_id}.{CHECKS_VAR}"
+    buffers[cb] = BufferPlan(cb, "uniform", len(data), None, None, data)
+    bindings = error_bindings(pass_id, first_index, buffers) + [
+        BindingPlan(first_index + 2, CHECKS_VAR, cb, "uniform", "OqChecks", None, tuple((m, t) for m, t, _ in members))]
+    return bindings, entries
+
+
+def error_bindings(pass_id: str, first_index: int, buffers: dict[str, BufferPlan]) -> list[BindingPlan]:
+    """The error buffer and the node's id, bound at ``first_index`` and the next, their buffers
+    added to ``buffers``: what a pass that flags a fault binds (the check pass; a kernel pass with
+    ``loop_checks``)."""
+    nb = node_buffer(pass_id)
     buffers[ERRORS_BUFFER] = BufferPlan(ERRORS_BUFFER, "errors", ERROR_BYTES, "uint32", (ERROR_WORDS,))
     buffers[nb] = BufferPlan(nb, "node_id", 16, None, None, node_id_data(0))
-    buffers[cb] = BufferPlan(cb, "uniform", len(data), None, None, data)
-    bindings = [BindingPlan(first_index, ERRORS_VAR, ERRORS_BUFFER, "read_write", "atomic<u32>", ERROR_WORDS),
-                BindingPlan(first_index + 1, NODE_VAR, nb, "uniform", "OqNode", None, (("id", "u32"),)),
-                BindingPlan(first_index + 2, CHECKS_VAR, cb, "uniform", "OqChecks", None,
-                            tuple((m, t) for m, t, _ in members))]
-    return bindings, entries
+    return [BindingPlan(first_index, ERRORS_VAR, ERRORS_BUFFER, "read_write", "atomic<u32>", ERROR_WORDS),
+            BindingPlan(first_index + 1, NODE_VAR, nb, "uniform", "OqNode", None, (("id", "u32"),))]
 
 
 #: the check pass's workgroup size
@@ -118,26 +163,44 @@ def checks(plan: Any) -> bool:
     return ERRORS_BUFFER in plan.buffers
 
 
-def fault(raw: bytes | memoryview, describe: Callable[[int, int], tuple[str, str]]) -> IndexRangeError | None:
+def fault(raw: bytes | memoryview, describe: Callable[[int, int], tuple[str, str, dict | None]]
+          ) -> IndexRangeError | LoopLimitError | None:
     """The error of a read-back error record, None when no kernel flagged one. ``describe(node
-    id, input ordinal)`` gives (the node's label with its op, the input's name)."""
+    id, input ordinal)`` gives (the node's label with its op, the input's name, its check's
+    context entry: :func:`check_entry`): a ``loop_checks`` entry's record is a LoopLimitError."""
     words = struct.unpack("<8I", bytes(raw[:ERROR_BYTES]))
     if not words[0]:
         return None
-    node_id, ordinal, lo, hi, bound, from_zero = words[1:7]
+    node_id, ordinal = words[1:3]
+    where, name, entry = describe(node_id, ordinal)
+    if entry is not None and entry.get("kind") == "loop":
+        index, grid_h, grid_w, steps, bound = words[3:8]
+        count = f"{steps}" if steps < 2**32 - 1 else f"{steps} or more"  # the shader saturates it
+        return LoopLimitError(f"{where}: input {name}: {entry['item']} {index} gives each output element a {grid_h} x "
+                              f"{grid_w} loop grid ({count} loop steps), more than the {bound} an output element may "
+                              f"take (MAX_LOOP_ITERATIONS: llvmpipe stops a shader invocation after 65535 loop "
+                              f"iterations; found on the device, no output returned)", node=where, input=name,
+                              index=index, grid=(grid_h, grid_w), steps=steps, bound=bound)
+    lo, hi, bound, from_zero = words[3:7]
     index = lo | (hi << 32)
     if index >= 2**63:
         index -= 2**64
-    where, name = describe(node_id, ordinal)
     return IndexRangeError(f"{where}: input {name}: index {index} is out of range [{0 if from_zero else -bound}, {bound}) "
                            f"(found on the device; ONNX makes it an error)", node=where, input=name,
                            index=index, bound=bound)
 
 
-def input_name(plan: Any, ordinal: int) -> str:
-    """The spec input checked with ``ordinal`` (1-based) by the plan's check passes."""
+def check_entry(plan: Any, ordinal: int) -> dict | None:
+    """The context entry of the plan's check (``index_checks`` of its check pass, ``loop_checks``
+    of a kernel pass) of 1-based ``ordinal``, None when there is none."""
     for p in plan.passes:
-        for entry in p.context.get("index_checks") or ():
+        for entry in (*(p.context.get("index_checks") or ()), *(p.context.get("loop_checks") or ())):
             if entry["ordinal"] == ordinal:
-                return str(entry["input"])
-    return f"#{ordinal}"
+                return entry
+    return None
+
+
+def input_name(plan: Any, ordinal: int) -> str:
+    """The spec input checked with ``ordinal`` (1-based) by the plan's passes."""
+    entry = check_entry(plan, ordinal)
+    return f"#{ordinal}" if entry is None else str(entry["input"])

@@ -418,16 +418,18 @@ def plan_node(
                                  f"needs {b.byte_size} bytes, more than this device allows for a storage buffer "
                                  f"({storage_limit_text})")
 
-    # 5. passes
+    # 5. passes (those that bind a loopChecks input bind the error buffer: backend_wgpu/index_check.py)
     passes: list[PassPlan] = []
+    loop_checks = index_check.loop_checks(spec, present, lambda e, f: _eval(e, env_v, vwhere, f))
     for p in chosen.passes:
         pp = _plan_pass(spec, chosen, p, env_v, top, vvals, tun, features, limits, buffers, tensor_types, where,
-                        attrs, io_types, present)
+                        attrs, io_types, present, loop_checks)
         if pp is not None:
             passes.append(pp)
 
     # 6. the check pass of the indexChecks inputs, first (backend_wgpu/index_check.py)
-    check = index_check.check_pass(spec.name, chosen.id, _index_checks(spec, env_v, io_types, present, vwhere), buffers)
+    checked = index_check.index_checks(spec, io_types, present, env_v.shapes, lambda e, f: _eval(e, env_v, vwhere, f))
+    check = index_check.check_pass(spec.name, chosen.id, checked, buffers)
     if check is not None:
         passes.insert(0, check)
 
@@ -581,7 +583,8 @@ def _plan_pass(spec: KernelSpec, variant: Variant, p: Pass, env_v: Env, top: Map
                vvals: Mapping[str, Any], tun: Mapping[str, int], features: frozenset[str],
                limits: Mapping[str, int], buffers: dict[str, BufferPlan], tensor_types: Mapping[str, str],
                where: _Where, attrs: Mapping[str, Any] | None = None, io_types: Mapping[str, str] | None = None,
-               present: Mapping[str, bool] | None = None) -> PassPlan | None:
+               present: Mapping[str, bool] | None = None, loop_checks: Sequence[Mapping[str, Any]] = ()
+               ) -> PassPlan | None:
     pw = where(variant.id, p.id)
     pvals = _derive(p.derive, env_v, pw, "derive")
     env_p = env_v.with_names(pvals)
@@ -612,15 +615,12 @@ def _plan_pass(spec: KernelSpec, variant: Variant, p: Pass, env_v: Env, top: Map
     check_invocations(pw, dispatch, wg if isinstance(wg, int) else 1,
                       (math.prod(b.shape) for b in buffers.values() if b.shape is not None))
 
-    bindings: list[BindingPlan] = []
-    n_storage = n_uniform = 0
-    for b in p.bindings:
-        bp = _plan_binding(spec, p, b, env_p, buffers, tensor_types, limits, pw)
-        bindings.append(bp)
-        if bp.access == "uniform":
-            n_uniform += 1
-        else:
-            n_storage += 1
+    bindings = [_plan_binding(spec, p, b, env_p, buffers, tensor_types, limits, pw) for b in p.bindings]
+    checked = [c for c in loop_checks if any(b.buffer == c["input"] for b in bindings)]
+    if checked:
+        bindings += index_check.error_bindings(p.id, max(b.index for b in bindings) + 1, buffers)
+    n_uniform = sum(bp.access == "uniform" for bp in bindings)
+    n_storage = len(bindings) - n_uniform
     if n_storage > limits["maxStorageBuffersPerShaderStage"]:
         raise ExecutionError(f"{pw}: binds {n_storage} storage buffers, more than the device limit "
                              f"maxStorageBuffersPerShaderStage = {limits['maxStorageBuffersPerShaderStage']}")
@@ -661,22 +661,10 @@ def _plan_pass(spec: KernelSpec, variant: Variant, p: Pass, env_v: Env, top: Map
         "dtypes": dict(io_types or {}),
         "present": dict(present or {}),
         "values": {k: list(v) for k, v in env_v.values.items()},
+        "loop_checks": checked,
     }
     return PassPlan(p.id, p.name, p.shader, context, tuple(bindings), (dispatch[0], dispatch[1], dispatch[2]),
                     spec.directory or None)
-
-
-def _index_checks(spec: KernelSpec, env: Env, io_types: Mapping[str, str], present: Mapping[str, bool],
-                  where: str) -> list[tuple]:
-    """The present ``indexChecks`` inputs: (check, ordinal, variable, dtype, element count, bounds, ignore)."""
-    out = []
-    for k, c in enumerate(spec.index_checks):
-        if present.get(c.input):
-            f = f"indexChecks.{c.input}"
-            out.append((c, k + 1, c.input, io_types[c.input], math.prod(env.shapes[c.input]),
-                        _eval(c.bounds, env, where, f"{f}.bounds"),
-                        None if c.ignore is None else _eval(c.ignore, env, where, f"{f}.ignore")))
-    return out
 
 
 def _plan_uniforms(p: Pass, names: Sequence[str], derived: Mapping[str, Any], bindings: Sequence[BindingPlan],

@@ -25,7 +25,7 @@ from . import spec_versions
 from .expr import RESERVED_NAMES, Expr, Scope, Value, parse, suggest
 from .spec_model import (
     ACCESS_BY_BUFFER, CONTEXT_KEYS, DEFAULT_DOMAIN, AttributeDecl, BindingDecl, Derive, IndexCheck, Intermediate,
-    KernelSpec,
+    KernelSpec, LoopCheck,
     Pass, PassBinding, StructMember, TensorDecl, Tunable, Variant, wgsl_type_layout,
 )
 
@@ -34,7 +34,7 @@ from .spec_model import (
 
 _TOP_KEYS = {"domain", "name", "sinceVersion", "untilVersion", "inputs", "outputs", "typeConstraints",
              "tunables", "derive", "bindings", "variants", "description", "attributes", "uniforms",
-             "indexChecks"}
+             "indexChecks", "loopChecks"}
 _TOP_REQUIRED = {"name", "sinceVersion", "inputs", "outputs", "typeConstraints", "variants"}
 _IO_KEYS = {"dtype", "rank", "shape", "optional", "constant"}
 _ATTRIBUTE_KEYS = {"default", "required", "description", "fixed"}
@@ -449,6 +449,7 @@ class _Loader:
             attributes=attributes, until_version=until,
             uniforms=self.uniform_names(top.get("uniforms", []), "uniforms"),
             index_checks=self.index_checks(top.get("indexChecks", {}), inputs, top_scope),
+            loop_checks=self.loop_checks(top.get("loopChecks", {}), inputs, top_scope),
         )
 
     def index_checks(self, v: Any, inputs: Mapping[str, Any], scope: Scope) -> tuple[IndexCheck, ...]:
@@ -463,6 +464,17 @@ class _Loader:
                 raise self.err(f"{f}.fromZero", f"expected true or false, found {_json_type(from_zero)}")
             ignore = self.expr(c["ignore"], f"{f}.ignore", scope) if "ignore" in c else None
             out.append(IndexCheck(name, self.expr(c["bounds"], f"{f}.bounds", scope), from_zero, ignore))
+        return tuple(out)
+
+    def loop_checks(self, v: Any, inputs: Mapping[str, Any], scope: Scope) -> tuple[LoopCheck, ...]:
+        """``loopChecks``: input -> {bound, when, item} (docs/kernel-spec.md)."""
+        out = []
+        for name, decl in self.obj(v, "loopChecks", set(inputs)).items():
+            f = f"loopChecks.{name}"
+            c = self.obj(decl, f, {"bound", "when", "item"}, {"bound"})
+            item = self.string(c.get("item", "row"), f"{f}.item")
+            when = self.expr(c["when"], f"{f}.when", scope) if "when" in c else None
+            out.append(LoopCheck(name, self.expr(c["bound"], f"{f}.bound", scope), when, item))
         return tuple(out)
 
     def attribute_default(self, v: Any, fld: str) -> Any:

@@ -16,7 +16,7 @@ DEFAULT_DOMAIN = "ai.onnx"
 #: Keys the planner puts into every pass's template context; derived names may not use them.
 CONTEXT_KEYS = frozenset({
     "kernel", "variant", "pass_id", "tunables", "bindings", "binding", "features", "workgroup_size",
-    "attrs", "dtypes", "present", "values", "index_checks",
+    "attrs", "dtypes", "present", "values", "index_checks", "loop_checks",
 })
 
 #: The ``buffer`` key of a binding -> BindingPlan.access.
@@ -240,6 +240,21 @@ class IndexCheck:
     ignore: Expr | None = None
 
 
+@dataclass(frozen=True)
+class LoopCheck:
+    """A ``loopChecks`` entry: the loops of the passes that bind ``input`` take their count from
+    its values at run time (RoiAlign's adaptive sampling grid from the rois). Where ``when`` (a
+    bool over the top-level scope; None: always) holds, those passes bind the error buffer and
+    their template flags (``oq_loop_fault``) an element of ``input``, a row named ``item`` in the
+    error, whose loops would take more than ``bound`` (an int expression) steps of an output
+    element: the run raises LoopLimitError (index_check.py)."""
+
+    input: str
+    bound: Expr
+    when: Expr | None = None
+    item: str = "row"
+
+
 @dataclass(frozen=True, eq=False)
 class KernelSpec:
     """A loaded, validated ``*.kernel.json``. Hashable by identity."""
@@ -265,6 +280,8 @@ class KernelSpec:
     #: inputs whose runtime values (indices, labels) a check pass verifies on the device
     #: (index_check.py: the check pass, the error buffer, the node's id, the read-back)
     index_checks: tuple[IndexCheck, ...] = ()
+    #: inputs whose runtime values decide a loop's count, checked by the kernel's own passes
+    loop_checks: tuple[LoopCheck, ...] = ()
 
     @property
     def io(self) -> dict[str, TensorDecl]:

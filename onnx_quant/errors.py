@@ -122,12 +122,34 @@ class IndexRangeError(ExecutionError, IndexError):
         super().__init__(message)
 
 
+class LoopLimitError(ExecutionError):
+    """A kernel's loops would run past the adapter's per-invocation bound (llvmpipe stops an
+    invocation after 65535 loop iterations; the specs' MAX_LOOP_ITERATIONS) for a runtime value
+    no plan could see: RoiAlign's adaptive sampling grid (sampling_ratio 0), ceil(roi size /
+    output size) a side, comes from the rois' values. Found by the kernel on the device (the
+    run's error buffer, read back with the outputs: docs/backend.md "Index checks"), which skips
+    the loops; the run returns no output. ``node``, ``input`` (as named in the model), ``index``
+    (the input's row: the roi), ``grid`` (its loop grid, (h, w)), ``steps`` (the loop steps of an
+    element: the grid's and its exit tests) and ``bound`` (the most an element may take). The
+    CLI exits 1: the input is valid ONNX, the device cannot run it (the host can)."""
+
+    def __init__(self, message: str, *, node: str | None = None, input: str | None = None,
+                 index: int | None = None, grid: tuple[int, int] | None = None, steps: int | None = None,
+                 bound: int | None = None) -> None:
+        self.node, self.input, self.index, self.grid, self.steps, self.bound = node, input, index, grid, steps, bound
+        super().__init__(message)
+
+
 def in_context(cause: QuantError, text: str) -> ExecutionError:
     """``text`` (the cause's message with the outer node named) as an error of the cause's
-    bad-input class where it has one (IndexRangeError, BudgetError: the CLI's exit 2), else a
-    plain ExecutionError: how a body session's (If / Loop / Scan, NonZero's region) error leaves it."""
+    bad-input class where it has one (IndexRangeError, BudgetError: the CLI's exit 2), a
+    LoopLimitError as one, else a plain ExecutionError: how a body session's (If / Loop / Scan,
+    NonZero's region) error leaves it."""
     if isinstance(cause, IndexRangeError):
         return IndexRangeError(text, node=cause.node, input=cause.input, index=cause.index, bound=cause.bound)
+    if isinstance(cause, LoopLimitError):
+        return LoopLimitError(text, node=cause.node, input=cause.input, index=cause.index, grid=cause.grid,
+                              steps=cause.steps, bound=cause.bound)
     return BudgetError(text) if isinstance(cause, BudgetError) else ExecutionError(text)
 
 

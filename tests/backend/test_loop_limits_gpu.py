@@ -6,6 +6,9 @@ pass that: a typed KernelRejected naming the clause (`loopsFit`, `lanesFit`, a v
 Each case runs a model whose loops stay just below its spec's bound against onnx.reference
 (numpy, onnxruntime) and is declined just above it, where the kernel returned a wrong value
 before its clause; the tensors are single long rows or windows, as small as the bound allows.
+RoiAlign's adaptive grid comes from the rois' values, which no plan sees: the kernel counts it on
+the device and the run raises LoopLimitError (the spec's loopChecks). llvmpipe runs 8 lanes in
+step, a loop until its last lane leaves, so lanes whose counts differ share the cap too.
 
 On the default adapter only (conftest's ``dev``); the limiter is llvmpipe's, the clauses hold on
 any device.
@@ -224,6 +227,88 @@ def test_a_word_grid_kernel_loop(dev, make, below, above, oracle):
     the clause: Col2Im's one block position inside the image and the conv's last tap were left
     out, DeformConv dropped the last channels, RoiAlign the last samples of its average)."""
     below_and_above(dev, make(below), make(above), rtol=1e-4, atol=1e-5, oracle=oracle)
+
+
+# ----------------------------------------------------------------------------- RoiAlign's adaptive grid
+
+
+def _adaptive_roi_align(grids, dtype=np.float32, mode="avg", hw=8):
+    """RoiAlign named 'ra', sampling_ratio 0 and a 1 x 1 output over an hw x hw ramp: roi r spans
+    hw - h .. hw down and hw - w .. hw across for grids[r] = (h, w), so its sampling grid is h x w
+    (ceil(roi size / 1)) and the image is its last samples: a loop cut short misses it."""
+    x = np.linspace(0.5, 1, hw * hw, dtype=dtype).reshape(1, 1, hw, hw)
+    rois = np.array([[hw - w, hw - h, hw, hw] for h, w in grids], dtype)
+    idx = np.zeros(len(grids), np.int64)
+    node = helper.make_node("RoiAlign", ["x", "rois", "idx"], ["y"], name="ra", output_height=1, output_width=1,
+                            sampling_ratio=0, mode=mode)
+    t = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    model = make_model([node], [helper.make_tensor_value_info("x", t, list(x.shape)),
+                                helper.make_tensor_value_info("rois", t, list(rois.shape)),
+                                helper.make_tensor_value_info("idx", TP.INT64, [len(grids)])],
+                       [helper.make_tensor_value_info("y", t, None)], opset=16)
+    return model, {"x": x, "rois": rois, "idx": idx}
+
+
+@pytest.mark.parametrize("dtype, below, above", [(np.float32, [(240, 240)], [(300, 300)]),
+                                                 (np.float16, [(170, 170)] * 2, [(200, 200)] * 2)],
+                         ids=["float32", "float16"])
+@pytest.mark.parametrize("mode", ["avg", "max"])
+def test_roi_align_adaptive_grid(dev, dtype, below, above, mode):
+    """sampling_ratio 0 takes an output's sampling grid from the rois' values, ceil(roi size /
+    output size) a side, which no plan sees: the kernel counts a roi's loop steps on the device
+    (h w + 1 an output element, as loopsFit counts a fixed grid, per element of the word) and a
+    roi past the bound raises LoopLimitError naming the node, the roi, its grid and the bound.
+    Below it agrees with onnx.reference (float32 240 x 240; float16, two elements a word, 170 x
+    170); above it llvmpipe's cap returned 0 before the check (float32 300 x 300: for 0.00065
+    avg, 1.0 max; float16 2 x 200 x 200: the word's second element)."""
+    from onnx_quant.errors import LoopLimitError
+
+    model, feeds = _adaptive_roi_align(below, dtype, mode)
+    got, want = gpu(dev, model, feeds)[0], ref_run(model, feeds)[0]
+    assert got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == np.float32 else 2e-3, atol=1e-6)
+    with pytest.raises(LoopLimitError, match="roi 0") as err:
+        gpu(dev, *_adaptive_roi_align(above, dtype, mode))
+    e = err.value
+    assert (e.node, e.input, e.index, e.grid) == ("node 'ra' (RoiAlign)", "'rois' (value 'rois')", 0, above[0])
+    assert (e.steps, e.bound) == (above[0][0] * above[0][1] + 1, (60000 - 1) // (4 // np.dtype(dtype).itemsize))
+
+
+def test_roi_align_adaptive_grid_names_the_roi(dev):
+    """The roi past the bound is named (h w + 1 steps: 2 x 29999 and 29999 x 2 are 59999 and run,
+    2 x 30000 and 30000 x 2 are 60001, past it); the two rois that run side by side, in lanes
+    llvmpipe runs in step, match onnx.reference: the grid is one loop, so the lanes take the most
+    of one lane's steps (with a loop per axis their steps added up: 2 x 29990 beside 14999 x 2,
+    each under the cap alone, returned 0 for 0.00045); the session's next run matches too (the
+    error buffer is zeroed again)."""
+    from onnx_quant.backend_wgpu.session import Session
+    from onnx_quant.errors import LoopLimitError
+
+    model, feeds = _adaptive_roi_align([(3, 3), (2, 29999), (29999, 2), (2, 30000)])
+    wide = _adaptive_roi_align([(30000, 2)])[1]["rois"]
+    with Session(model, device=dev, allow_host_fallback=False) as s:
+        with pytest.raises(LoopLimitError, match=r"node 'ra' \(RoiAlign\): input 'rois' .*: roi 3 gives .* 2 x 30000 "
+                                                 r"loop grid \(60001 loop steps\), more than the 59999"):
+            s.run(None, feeds)
+        ok = {**feeds, "rois": feeds["rois"][[0, 1, 2, 0]]}
+        np.testing.assert_allclose(s.run(None, ok)[0], ref_run(model, ok)[0], rtol=1e-5, atol=1e-6)
+        with pytest.raises(LoopLimitError, match=r"roi 1 gives .* 30000 x 2 loop grid \(60001 loop steps\)"):
+            s.run(None, {**feeds, "rois": np.concatenate([feeds["rois"][:1], wide, feeds["rois"][:2]])})
+
+
+def test_roi_align_grid_check_only_where_the_grid_is_runtime(dev):
+    """A fixed sampling_ratio is bounded at plan time (loopsFit): its plan binds no error buffer
+    (nothing more to read back); sampling_ratio 0's does, and run alone (run_plan, no Session) it
+    raises the same error."""
+    from onnx_quant.backend_wgpu import index_check
+    from onnx_quant.errors import LoopLimitError
+    from support.run import plan_for, run_node
+
+    assert not index_check.checks(plan_for(dev, *_roi_align(2))[1])
+    model, feeds = _adaptive_roi_align([(300, 300)])
+    assert index_check.checks(plan_for(dev, model, feeds)[1])
+    with pytest.raises(LoopLimitError, match="300 x 300"):
+        run_node(dev, model, feeds)
 
 
 def _lrn(channels):

@@ -754,14 +754,29 @@ def test_v2_field_errors(tmp_path, mutate, field, reason):
     reject(tmp_path, doc, field, reason)
 
 
-def test_index_checks_are_validated_when_loaded(tmp_path):
+def test_index_and_loop_checks_load(tmp_path):
     doc = seed()
     doc["indexChecks"] = {"x": {"bounds": "[numel(shapes.x)]", "fromZero": True, "ignore": "0"}}
-    (check,) = load_doc(tmp_path / "ok", doc).index_checks
+    doc["loopChecks"] = {"x": {"bound": "numel(shapes.x) + 1", "when": "numel(shapes.x) > 0", "item": "roi"}}
+    spec = load_doc(tmp_path / "ok", doc)
+    (check,), (loop,) = spec.index_checks, spec.loop_checks
     assert (check.input, check.from_zero) == ("x", True) and check.ignore is not None
-    doc["indexChecks"] = {"nothing": {"bounds": "[1]"}}
-    reject(tmp_path / "a", doc, "indexChecks.nothing", "unknown key 'nothing'; allowed: x")
-    doc["indexChecks"] = {"x": {"bounds": "[noSuchName]"}}
-    reject(tmp_path / "b", doc, "indexChecks.x.bounds", "noSuchName")
-    doc["indexChecks"] = {"x": {"bounds": "[1]", "fromZero": 1}}
-    reject(tmp_path / "c", doc, "indexChecks.x.fromZero", "expected true or false")
+    assert (loop.input, loop.item) == ("x", "roi") and loop.when is not None
+    doc["loopChecks"] = {"x": {"bound": "1"}}
+    (loop,) = load_doc(tmp_path / "defaults", doc).loop_checks
+    assert (loop.when, loop.item) == (None, "row")
+
+
+@pytest.mark.parametrize("key, value, field, reason", [
+    ("indexChecks", {"nothing": {"bounds": "[1]"}}, "indexChecks.nothing", "unknown key 'nothing'; allowed: x"),
+    ("indexChecks", {"x": {"bounds": "[noSuchName]"}}, "indexChecks.x.bounds", "noSuchName"),
+    ("indexChecks", {"x": {"bounds": "[1]", "fromZero": 1}}, "indexChecks.x.fromZero", "expected true or false"),
+    ("loopChecks", {"nothing": {"bound": "1"}}, "loopChecks.nothing", "unknown key 'nothing'; allowed: x"),
+    ("loopChecks", {"x": {"bound": "noSuchName"}}, "loopChecks.x.bound", "noSuchName"),
+    ("loopChecks", {"x": {"when": "true"}}, "loopChecks.x", "missing required key 'bound'"),
+    ("loopChecks", {"x": {"bound": "1", "item": 3}}, "loopChecks.x.item", "expected a string"),
+])
+def test_index_and_loop_checks_are_validated_when_loaded(tmp_path, key, value, field, reason):
+    doc = seed()
+    doc[key] = value
+    reject(tmp_path, doc, field, reason)
