@@ -293,7 +293,7 @@ def test_context_contract(dql):
     reduce_, finalize, quantize = plan.passes
     ctx = reduce_.context
     fixed = {"kernel", "variant", "pass_id", "tunables", "bindings", "binding", "features", "workgroup_size",
-             "attrs", "dtypes", "present", "values"}
+             "attrs", "dtypes", "present", "values", "loop_checks"}
     derived_names = set(dql.derive.names) | {"workgroupSize", "elemsPerThread", "vec4", "inputElement",
                                               "useSubgroups", "gridStride"}
     assert set(ctx) == fixed | derived_names
