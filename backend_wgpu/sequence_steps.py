@@ -60,17 +60,28 @@ def check_feed(name: str, tp: onnx.TypeProto, value: Any, device_value: Callable
         return [check_feed(f"{name}[{i}]", tp.sequence_type.elem_type, v, device_value) for i, v in enumerate(value)]
     if kind != "tensor_type":
         raise KernelRejected("", "", f"a {kind or 'untyped'} value has no device form", where=f"input {name!r}")
-    code = tp.tensor_type.elem_type
-    try:
-        want = element_type(code)
-    except QuantError:
-        raise KernelRejected("", "", f"element type {type_name(code)} has no device form", where=f"input {name!r}") from None
+    want = feed_type(name, tp.tensor_type.elem_type)
     if isinstance(value, (list, tuple)) or value is None:
         raise ExecutionError(f"input {name!r}: expected a {want.name} tensor, found {type(value).__name__}")
     arr = device_value(name, value) if isinstance(value, DeviceValue) else np.asarray(value)
-    if arr.dtype != want.dtype:
-        raise ExecutionError(f"input {name!r}: expected {want.name}, found {arr.dtype}")
+    check_feed_dtype(name, want, arr.dtype)
     return value if isinstance(value, DeviceValue) else arr
+
+
+def feed_type(name: str, code: int) -> Any:
+    """The element type a tensor feed declares; one without a device form (strings) is a typed
+    decline, not a bad feed."""
+    try:
+        return element_type(code)
+    except QuantError:
+        raise KernelRejected("", "", f"element type {type_name(code)} has no device form", where=f"input {name!r}") from None
+
+
+def check_feed_dtype(name: str, want: Any, dtype: np.dtype) -> None:
+    """A feed's numpy dtype against the element type its input declares."""
+    if dtype != want.dtype:
+        numpy = "" if want.name == str(want.dtype) else f" (numpy {want.dtype})"
+        raise ExecutionError(f"input {name!r}: expected {want.name}{numpy}, found {dtype}")
 
 
 def read_back(device: Any, value: Any) -> tuple[Any, int]:

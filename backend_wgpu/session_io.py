@@ -12,12 +12,12 @@ import numpy as np
 import onnx
 
 from onnx_quant.dim_text import is_anonymous
-from onnx_quant.dtypes import element_type, ort_type, type_name
-from onnx_quant.errors import ExecutionError, KernelRejected, QuantError
+from onnx_quant.dtypes import ort_type
+from onnx_quant.errors import ExecutionError
 
 from ..inference.dims import to_text as dim_text
 from .device_value import DeviceValue, stand_in
-from .sequence_steps import check_feed
+from .sequence_steps import check_feed, check_feed_dtype, feed_type
 from .sequences import is_tensor_type, type_string
 
 
@@ -116,16 +116,7 @@ def check_feeds(device: Any, inputs: Sequence[onnx.ValueInfoProto], initializers
             continue
         arr = feed_stand_in(device, name, value) if isinstance(value, DeviceValue) else \
             value if isinstance(value, np.ndarray) else np.asarray(value)
-        code = vi.type.tensor_type.elem_type
-        try:
-            want = element_type(code)
-        except QuantError:
-            # a typed decline: the value has no device form (strings), not a bad feed
-            raise KernelRejected("", "", f"element type {type_name(code)} has no device form",
-                                 where=f"input {name!r}") from None
-        if arr.dtype != want.dtype:
-            numpy = "" if want.name == str(want.dtype) else f" (numpy {want.dtype})"
-            raise ExecutionError(f"input {name!r}: expected {want.name}{numpy}, found {arr.dtype}")
+        check_feed_dtype(name, feed_type(name, vi.type.tensor_type.elem_type), arr.dtype)
         dims = value_info_shape(vi)
         if dims is not None:
             if arr.ndim != len(dims):
